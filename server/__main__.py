@@ -1,0 +1,5 @@
+import sys
+
+from gpubox.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""build_server(settings) -> MCPServer: the one factory every transport and test uses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from gpubox import __version__
+from gpubox.auth import StaticTokenVerifier, auth_settings
+from gpubox.settings import Settings
+from gpubox.state import AppState
+
+log = logging.getLogger("gpubox")
+
+INSTRUCTIONS = """gpubox exposes one GPU box: GPU telemetry (gpu_status), estimates of memory/speed/cost
+(estimate_*), code search over local repositories (search_*), and local model inference (infer_*).
+Errors name the next step; a missing GPU or optional extra is reported as data by status tools."""
+
+_STATES: dict[int, AppState] = {}
+
+
+def build_server(settings: Settings | None = None, *, state: AppState | None = None) -> MCPServer[AppState]:
+    """Create the gpubox MCP server. Heavy state lives in one AppState per process (shared across SSE
+    connections, whose lifespan runs per connection)."""
+    settings = settings if settings is not None else Settings.load()
+    state = state if state is not None else AppState(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[AppState]) -> AsyncIterator[AppState]:
+        yield state  # never builds or tears down state: see module docstring of gpubox.state
+
+    token = settings.resolved_token()
+    mcp: MCPServer[AppState] = MCPServer(
+        "gpubox",
+        title="gpubox",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        token_verifier=StaticTokenVerifier(token) if token else None,
+        auth=auth_settings() if token else None,
+        log_level=settings.log_level,
+    )
+
+    from gpubox import prompts, resources, tools
+
+    for family in tools.families():
+        family.register(mcp)
+    resources.register(mcp)
+    prompts.register(mcp)
+
+    @mcp.custom_route("/health", methods=["GET"])
+    async def health(_: Request) -> JSONResponse:
+        # Unauthenticated by design (SDK custom routes are): reveals only liveness and version.
+        return JSONResponse({"status": "ok", "name": "gpubox", "version": __version__})
+
+    _STATES[id(mcp)] = state
+    return mcp
+
+
+def state_of(mcp: MCPServer[Any]) -> AppState:
+    """The AppState build_server created for `mcp`."""
+    return _STATES[id(mcp)]

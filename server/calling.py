@@ -1,0 +1,54 @@
+"""`gpubox call TOOL key=value ...`: run a tool in-process through the in-memory MCP client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+
+from gpubox.errors import InvalidInputError, UnknownNameError
+
+
+def _coerce(raw: str, schema: dict[str, Any]) -> Any:
+    """Turn a CLI string into the JSON value the tool's input schema wants."""
+    types = schema.get("type")
+    if types is None and "anyOf" in schema:
+        types = [s.get("type") for s in schema["anyOf"]]
+    type_list = types if isinstance(types, list) else [types]
+    if type_list == ["string"]:
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str, Any]:
+    props: dict[str, Any] = input_schema.get("properties", {})
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5")
+        key, raw = pair.split("=", 1)
+        if key not in props:
+            raise UnknownNameError("argument", key, props.keys())
+        args[key] = _coerce(raw, props[key])
+    return args
+
+
+async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[bool, Any]:
+    """Returns (is_error, payload): structured content when present, else the text blocks."""
+    async with Client(mcp) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        if name not in tools:
+            raise UnknownNameError("tool", name, tools.keys())
+        args = parse_arguments(pairs, tools[name].input_schema)
+        result = await client.call_tool(name, args)
+        texts = [getattr(b, "text", "") for b in result.content]
+        if result.is_error:
+            return True, "\n".join(texts)
+        if result.structured_content is not None:
+            return False, result.structured_content
+        return False, "\n".join(texts)

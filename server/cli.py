@@ -1,0 +1,151 @@
+"""The `gpubox` command: serve, call, doctor, client-config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpubox import __version__
+from gpubox.errors import GpuboxError
+
+log = logging.getLogger("gpubox")
+
+
+def _setup_logging(level: str) -> None:
+    # stderr only: on stdio, stdout is the MCP transport.
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _settings_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML config file (keys as in Settings)")
+    p.add_argument("--state-dir", type=Path, help="state directory (GPUBOX_STATE_DIR)")
+    p.add_argument("--allowed-root", action="append", dest="allowed_roots", type=Path,
+                   help="directory tools may read; repeatable (GPUBOX_ALLOWED_ROOTS)")
+    p.add_argument("--model-dir", action="append", dest="model_dirs", type=Path,
+                   help="directory scanned for models; repeatable (GPUBOX_MODEL_DIRS)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _load_settings(ns: argparse.Namespace) -> Any:
+    from gpubox.settings import Settings
+
+    overrides = {
+        k: getattr(ns, k, None)
+        for k in ("state_dir", "allowed_roots", "model_dirs", "log_level", "host", "port", "token", "token_file")
+    }
+    return Settings.load(ns.config, **overrides)
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    settings = _load_settings(ns)
+    _setup_logging(settings.log_level)
+    from gpubox.app import build_server, state_of
+
+    if ns.transport == "http":
+        from gpubox.http import check_bind
+
+        check_bind(settings)  # before anything else starts
+    mcp = build_server(settings)
+    try:
+        if ns.transport == "stdio":
+            mcp.run()
+        else:
+            from gpubox.http import serve_http
+
+            serve_http(mcp, settings)
+    finally:
+        state_of(mcp).close()
+    return 0
+
+
+def _call(ns: argparse.Namespace) -> int:
+    import anyio
+
+    settings = _load_settings(ns)
+    _setup_logging(settings.log_level if ns.log_level else "WARNING")
+    from gpubox.app import build_server, state_of
+    from gpubox.calling import call_tool
+
+    mcp = build_server(settings)
+    try:
+        is_error, payload = anyio.run(call_tool, mcp, ns.tool, ns.args)
+    finally:
+        state_of(mcp).close()
+    if is_error:
+        print(payload, file=sys.stderr)
+        return 1
+    print(json.dumps(payload, indent=2) if not isinstance(payload, str) else payload)
+    return 0
+
+
+def _doctor(ns: argparse.Namespace) -> int:
+    from gpubox.doctor import render, report
+
+    rep = report(_load_settings(ns))
+    print(rep.model_dump_json(indent=2) if ns.json else render(rep))
+    return 0
+
+
+def _client_config(ns: argparse.Namespace) -> int:
+    from gpubox.clientconfig import snippet
+
+    cfg, note = snippet(ns.target, _load_settings(ns), name=ns.name)
+    print(note, file=sys.stderr)
+    print(json.dumps(cfg, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpubox", description="MCP server for one GPU box.")
+    parser.add_argument("--version", action="version", version=f"gpubox {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    _settings_args(serve)
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                       help="stdio, or http (streamable HTTP at /mcp + SSE at /sse on one port)")
+    serve.add_argument("--host", help="bind address for http (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port for http (default 8765)")
+    serve.add_argument("--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)")
+    serve.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
+    serve.set_defaults(func=_serve)
+
+    call = sub.add_parser("call", help="run one tool in-process and print its structured result as JSON")
+    _settings_args(call)
+    call.add_argument("tool", help="tool name, e.g. gpu_status")
+    call.add_argument("args", nargs="*", help="key=value arguments (values parsed as JSON when possible)")
+    call.set_defaults(func=_call)
+
+    doctor = sub.add_parser("doctor", help="report what this machine has (extras, GPUs, models)")
+    _settings_args(doctor)
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_doctor)
+
+    cc = sub.add_parser("client-config", help="print a client configuration snippet")
+    _settings_args(cc)
+    cc.add_argument("target", nargs="?", default="claude-desktop",
+                    choices=["claude-desktop", "cursor", "vscode", "remote"])
+    cc.add_argument("--name", default="gpubox", help="server name in the client config")
+    cc.add_argument("--host", help=argparse.SUPPRESS)
+    cc.add_argument("--port", type=int, help="port of the remote server (remote target)")
+    cc.set_defaults(func=_client_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return int(ns.func(ns))
+    except GpuboxError as exc:
+        print(f"gpubox: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

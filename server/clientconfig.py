@@ -1,0 +1,68 @@
+"""Client configuration snippets for Claude Desktop, Cursor, VS Code and remote HTTP clients."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from gpubox.settings import Settings
+
+Target = Literal["claude-desktop", "cursor", "vscode", "remote"]
+
+
+def server_command() -> tuple[str, list[str]]:
+    """Absolute command that starts the stdio server from any working directory."""
+    exe = Path(sys.argv[0]).resolve() if Path(sys.argv[0]).name == "gpubox" else None
+    found = shutil.which("gpubox")
+    if exe is not None and exe.is_file():
+        return str(exe), ["serve"]
+    if found:
+        return str(Path(found).resolve()), ["serve"]
+    return str(Path(sys.executable).resolve()), ["-m", "gpubox", "serve"]
+
+
+def stdio_env(settings: Settings) -> dict[str, str]:
+    # The stdio child's environment is allow-listed by MCP clients: pass what the server needs.
+    env = {
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+        "GPUBOX_STATE_DIR": str(settings.state_dir),
+        "GPUBOX_ALLOWED_ROOTS": os.pathsep.join(str(p) for p in settings.allowed_roots),
+        "HF_HUB_OFFLINE": "1",
+    }
+    if settings.model_dirs:
+        env["GPUBOX_MODEL_DIRS"] = os.pathsep.join(str(p) for p in settings.model_dirs)
+    return env
+
+
+def snippet(target: Target, settings: Settings, name: str = "gpubox") -> tuple[dict[str, Any], str]:
+    """(JSON config, human note) for `target`."""
+    command, args = server_command()
+    env = stdio_env(settings)
+    if target == "claude-desktop":
+        note = (
+            "Merge into claude_desktop_config.json (macOS: ~/Library/Application Support/Claude/, "
+            "Windows: %APPDATA%\\Claude\\, Linux: ~/.config/Claude/) and restart Claude Desktop."
+        )
+        return {"mcpServers": {name: {"command": command, "args": args, "env": env}}}, note
+    if target == "cursor":
+        note = "Merge into ~/.cursor/mcp.json (or .cursor/mcp.json in a project)."
+        return {"mcpServers": {name: {"command": command, "args": args, "env": env}}}, note
+    if target == "vscode":
+        note = "Save as .vscode/mcp.json in your workspace (VS Code agent mode)."
+        return {"servers": {name: {"type": "stdio", "command": command, "args": args, "env": env}}}, note
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = f"http://{host}:{settings.port}/mcp"
+    headers = {"Authorization": "Bearer <your-token>"} if settings.resolved_token() else {}
+    note = (
+        "On the GPU box: `gpubox serve --transport http` (loopback). From your machine, tunnel it with "
+        f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} user@gpu-box` and use the URL below; or serve on "
+        "0.0.0.0 with --token-file and put the token in the Authorization header. Legacy SSE clients: "
+        f"{url.removesuffix('/mcp')}/sse"
+    )
+    cfg: dict[str, Any] = {"type": "http", "url": url}
+    if headers:
+        cfg["headers"] = headers
+    return {"mcpServers": {name: cfg}}, note

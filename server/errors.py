@@ -1,0 +1,82 @@
+"""Every error gpubox raises on purpose, in one tree.
+
+    GpuboxError                 base; its message always says what to do next
+    ├── InvalidInputError       an argument is out of range or malformed
+    │   └── UnknownNameError    a name (GPU, model, index, tool) is not known; lists close matches
+    ├── PathNotAllowedError     a path lies outside the allowed roots (or escapes them by .. or a symlink)
+    ├── MissingExtraError       an optional dependency is not installed; names the extra to install
+    ├── NotFoundError           something that should exist on disk does not (model file, index)
+    ├── CapacityError           the work cannot fit (memory, context length, resident-model budget)
+    ├── BusyError               the resource is in use by another request or job
+    └── ConfigError             settings are invalid or unsafe (e.g. public bind without a token)
+
+Core modules raise these; the MCP adapter layer (gpubox.registry) turns them into ToolError so the
+client's model reads the message, while unexpected exceptions stay masked by the SDK.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class GpuboxError(Exception):
+    """Base class: a deliberate, user-facing error whose message names the fix."""
+
+
+class InvalidInputError(GpuboxError):
+    """An argument is out of range, malformed or inconsistent with another argument."""
+
+
+class UnknownNameError(InvalidInputError):
+    """A name is not known. The message lists the closest valid names."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str], hint: str = "") -> None:
+        choices = sorted(set(valid))
+        close = difflib.get_close_matches(name, choices, n=5, cutoff=0.4)
+        lowered = [c for c in choices if name.lower() in c.lower() and c not in close]
+        suggestions = (close + lowered)[:5]
+        parts = [f"unknown {kind} '{name}'."]
+        if suggestions:
+            parts.append("Did you mean: " + ", ".join(suggestions) + "?")
+        shown = choices if len(choices) <= 40 else choices[:40] + [f"... ({len(choices) - 40} more)"]
+        if shown:
+            parts.append(f"Valid {kind} names: " + ", ".join(shown) + ".")
+        if hint:
+            parts.append(hint)
+        super().__init__(" ".join(parts))
+        self.kind = kind
+        self.name = name
+        self.suggestions = suggestions
+
+
+class PathNotAllowedError(GpuboxError):
+    """A path resolves outside every allowed root."""
+
+
+class MissingExtraError(GpuboxError):
+    """An optional dependency is missing."""
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"{feature} needs the Python module '{module}', which is not installed. "
+            f"Install it with: pip install 'gpubox[{extra}]'"
+        )
+        self.extra = extra
+        self.module = module
+
+
+class NotFoundError(GpuboxError):
+    """Something expected on disk or in a registry is not there."""
+
+
+class CapacityError(GpuboxError):
+    """The request cannot fit: memory, context length or a configured budget."""
+
+
+class BusyError(GpuboxError):
+    """The resource is busy with other work."""
+
+
+class ConfigError(GpuboxError):
+    """Settings are invalid or unsafe."""

@@ -1,0 +1,108 @@
+"""One HTTP port: streamable HTTP at /mcp, legacy SSE at /sse (+ /messages/), GET /health.
+
+Security: binding beyond loopback needs a token; DNS-rebinding protection is always on with explicit
+allowed hosts/origins (the SDK switches it off silently for non-loopback binds otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import psutil
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+
+from gpubox.errors import ConfigError
+from gpubox.settings import Settings, is_loopback
+
+log = logging.getLogger("gpubox.http")
+
+LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+WILDCARD_BINDS = {"0.0.0.0", "::", ""}
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse a non-loopback bind without a token (a GPU box open to the network runs arbitrary work)."""
+    if not is_loopback(settings.host) and not settings.resolved_token():
+        raise ConfigError(
+            f"refusing to bind {settings.host}:{settings.port} without a token: anyone who can reach it could "
+            "use this GPU box. Set GPUBOX_TOKEN, --token or --token-file, or bind 127.0.0.1 and tunnel with "
+            f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} <this-host>`."
+        )
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def _local_names() -> list[str]:
+    """Names and addresses a remote client may legitimately use as Host when we bind a wildcard."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                names.add(_bracket(a.address.split("%", 1)[0]))
+    return sorted(n for n in names if n)
+
+
+def security_settings(settings: Settings) -> TransportSecuritySettings:
+    hosts = list(LOOPBACK_HOSTS)
+    origins = list(LOOPBACK_ORIGINS)
+    if not is_loopback(settings.host):
+        extra = _local_names() if settings.host in WILDCARD_BINDS else [_bracket(settings.host)]
+        hosts += [f"{n}:*" for n in extra]
+        origins += [f"http://{n}:*" for n in extra] + [f"https://{n}:*" for n in extra]
+    hosts += settings.allowed_hosts
+    origins += settings.allowed_origins
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=list(dict.fromkeys(hosts)),
+        allowed_origins=list(dict.fromkeys(origins)),
+    )
+
+
+def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:
+    """Streamable HTTP app (owns the session-manager lifespan) with the SSE routes appended."""
+    security = security_settings(settings)
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "transport_security": security,
+        "max_request_body_size": settings.max_request_body_bytes,
+    }
+    app = mcp.streamable_http_app(**common)
+    sse = mcp.sse_app(**common)
+    have = {getattr(r, "path", None) for r in app.router.routes}
+    app.router.routes.extend(r for r in sse.router.routes if getattr(r, "path", None) not in have)
+    return app
+
+
+def connect_hint(settings: Settings) -> str:
+    shown = "127.0.0.1" if settings.host in WILDCARD_BINDS else settings.host
+    base = f"http://{_bracket(shown)}:{settings.port}"
+    auth = ' with header "Authorization: Bearer <token>"' if settings.resolved_token() else ""
+    return (
+        f"gpubox listening: streamable HTTP {base}/mcp, SSE {base}/sse, health {base}/health{auth}. "
+        "Client snippets: `gpubox client-config remote`."
+    )
+
+
+def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
+    import uvicorn
+
+    check_bind(settings)
+    app = build_http_app(mcp, settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=settings.log_level == "DEBUG",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    log.info(connect_hint(settings))
+    server.run()

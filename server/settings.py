@@ -1,0 +1,174 @@
+"""The one settings object: env vars (GPUBOX_*), an optional TOML file, and explicit overrides.
+
+This module is the only place that reads the environment; everything else receives a Settings.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from gpubox.errors import ConfigError
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("gpubox_config_file", default=None)
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpubox"
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_list(value: Any) -> Any:
+    """Accept a JSON-ish list, or a string separated by os.pathsep / commas (env-var friendly)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            return json.loads(text)
+        sep = "," if "," in text else os.pathsep
+        return [p.strip() for p in text.split(sep) if p.strip()]
+    return value
+
+
+PathList = Annotated[list[Path], NoDecode]
+StrList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    """gpubox settings. Env prefix GPUBOX_ (e.g. GPUBOX_STATE_DIR); `--config file.toml` for a file."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUBOX_", extra="forbid", validate_default=True)
+
+    # --- storage and access -------------------------------------------------------------------
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Where gpubox keeps SQLite databases, FAISS indexes, calibrations and job files.",
+    )
+    allowed_roots: PathList = Field(
+        default_factory=lambda: [Path.cwd()],
+        description="Directories tools may read (code search, model files). Default: the working directory.",
+    )
+    model_dirs: PathList = Field(
+        default_factory=list,
+        description="Directories scanned for GGUF files, HF model folders and LoRA adapters.",
+    )
+
+    # --- serving --------------------------------------------------------------------------------
+    host: str = Field(default="127.0.0.1", description="Bind address for the HTTP transport.")
+    port: int = Field(default=8765, ge=1, le=65535, description="TCP port for the HTTP transport.")
+    token: SecretStr | None = Field(
+        default=None, description="Bearer token required on every HTTP request (also --token)."
+    )
+    token_file: Path | None = Field(default=None, description="File holding the bearer token (first line).")
+    allowed_hosts: StrList = Field(
+        default_factory=list,
+        description="Extra Host header values accepted over HTTP (e.g. 'gpu-box.internal:*'); loopback always.",
+    )
+    allowed_origins: StrList = Field(
+        default_factory=list,
+        description="Extra Origin header values accepted over HTTP (e.g. 'https://gpu-box.internal').",
+    )
+    max_request_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest HTTP request body accepted; larger bodies get 413.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level for the server's stderr log."
+    )
+
+    # --- estimator -----------------------------------------------------------------------------
+    electricity_usd_per_kwh: float = Field(
+        default=0.15, ge=0.0, le=5.0, description="Local electricity price used for on-premise cost estimates."
+    )
+
+    @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("state_dir", "token_file", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("allowed_roots", "model_dirs", mode="after")
+    @classmethod
+    def _resolve_all(cls, value: list[Path]) -> list[Path]:
+        return [p.expanduser().resolve() for p in value]
+
+    @model_validator(mode="after")
+    def _token_file_readable(self) -> Settings:
+        if self.token_file is not None and not self.token_file.is_file():
+            raise ValueError(f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE")
+        return self
+
+    # --- derived --------------------------------------------------------------------------------
+    def resolved_token(self) -> str | None:
+        """The bearer token from `token`, else the first line of `token_file`, else None."""
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        if self.token_file is not None:
+            first = self.token_file.read_text(encoding="utf-8").splitlines()
+            if first and first[0].strip():
+                return first[0].strip()
+            raise ConfigError(f"token_file {self.token_file} is empty; put the token on its first line")
+        return None
+
+    def ensure_state_dir(self) -> Path:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        return self.state_dir
+
+    @classmethod
+    def load(cls, config_file: Path | str | None = None, **overrides: Any) -> Settings:
+        """Build settings from overrides > env > TOML file (config_file or GPUBOX_CONFIG)."""
+        path = Path(config_file) if config_file else None
+        if path is None and os.environ.get("GPUBOX_CONFIG"):
+            path = Path(os.environ["GPUBOX_CONFIG"])
+        if path is not None and not path.is_file():
+            raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+        token = _CONFIG_FILE.set(path)
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _CONFIG_FILE.get()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
