@@ -30,7 +30,9 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
     args: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5")
+            raise InvalidInputError(
+                f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5"
+            )
         key, raw = pair.split("=", 1)
         if key not in props:
             raise UnknownNameError("argument", key, props.keys())
@@ -40,15 +42,25 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
 
 async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[bool, Any]:
     """Returns (is_error, payload): structured content when present, else the text blocks."""
+    problem: Exception | None = None
+    result = None
     async with Client(mcp) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        if name not in tools:
-            raise UnknownNameError("tool", name, tools.keys())
-        args = parse_arguments(pairs, tools[name].input_schema)
-        result = await client.call_tool(name, args)
-        texts = [getattr(b, "text", "") for b in result.content]
-        if result.is_error:
-            return True, "\n".join(texts)
-        if result.structured_content is not None:
-            return False, result.structured_content
-        return False, "\n".join(texts)
+        try:
+            # Raised outside the client's task group, or the caller would get an ExceptionGroup.
+            if name not in tools:
+                raise UnknownNameError("tool", name, tools.keys())
+            args = parse_arguments(pairs, tools[name].input_schema)
+        except InvalidInputError as exc:
+            problem = exc
+        else:
+            result = await client.call_tool(name, args)
+    if problem is not None:
+        raise problem
+    assert result is not None
+    texts = [getattr(b, "text", "") for b in result.content]
+    if result.is_error:
+        return True, "\n".join(texts)
+    if result.structured_content is not None:
+        return False, result.structured_content
+    return False, "\n".join(texts)

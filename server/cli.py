@@ -17,16 +17,28 @@ log = logging.getLogger("gpubox")
 
 def _setup_logging(level: str) -> None:
     # stderr only: on stdio, stdout is the MCP transport.
-    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TOML config file (keys as in Settings)")
     p.add_argument("--state-dir", type=Path, help="state directory (GPUBOX_STATE_DIR)")
-    p.add_argument("--allowed-root", action="append", dest="allowed_roots", type=Path,
-                   help="directory tools may read; repeatable (GPUBOX_ALLOWED_ROOTS)")
-    p.add_argument("--model-dir", action="append", dest="model_dirs", type=Path,
-                   help="directory scanned for models; repeatable (GPUBOX_MODEL_DIRS)")
+    p.add_argument(
+        "--allowed-root",
+        action="append",
+        dest="allowed_roots",
+        type=Path,
+        help="directory tools may read; repeatable (GPUBOX_ALLOWED_ROOTS)",
+    )
+    p.add_argument(
+        "--model-dir",
+        action="append",
+        dest="model_dirs",
+        type=Path,
+        help="directory scanned for models; repeatable (GPUBOX_MODEL_DIRS)",
+    )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -35,7 +47,16 @@ def _load_settings(ns: argparse.Namespace) -> Any:
 
     overrides = {
         k: getattr(ns, k, None)
-        for k in ("state_dir", "allowed_roots", "model_dirs", "log_level", "host", "port", "token", "token_file")
+        for k in (
+            "state_dir",
+            "allowed_roots",
+            "model_dirs",
+            "log_level",
+            "host",
+            "port",
+            "token",
+            "token_file",
+        )
     }
     return Settings.load(ns.config, **overrides)
 
@@ -106,11 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     _settings_args(serve)
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio",
-                       help="stdio, or http (streamable HTTP at /mcp + SSE at /sse on one port)")
+    serve.add_argument(
+        "--transport",
+        choices=["stdio", "http"],
+        default="stdio",
+        help="stdio, or http (streamable HTTP at /mcp + SSE at /sse on one port)",
+    )
     serve.add_argument("--host", help="bind address for http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port for http (default 8765)")
-    serve.add_argument("--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)")
+    serve.add_argument(
+        "--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)"
+    )
     serve.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
     serve.set_defaults(func=_serve)
 
@@ -127,8 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cc = sub.add_parser("client-config", help="print a client configuration snippet")
     _settings_args(cc)
-    cc.add_argument("target", nargs="?", default="claude-desktop",
-                    choices=["claude-desktop", "cursor", "vscode", "remote"])
+    cc.add_argument(
+        "target",
+        nargs="?",
+        default="claude-desktop",
+        choices=["claude-desktop", "cursor", "vscode", "remote"],
+    )
     cc.add_argument("--name", default="gpubox", help="server name in the client config")
     cc.add_argument("--host", help=argparse.SUPPRESS)
     cc.add_argument("--port", type=int, help="port of the remote server (remote target)")

@@ -58,7 +58,8 @@ def snippet(target: Target, settings: Settings, name: str = "gpubox") -> tuple[d
     headers = {"Authorization": "Bearer <your-token>"} if settings.resolved_token() else {}
     note = (
         "On the GPU box: `gpubox serve --transport http` (loopback). From your machine, tunnel it with "
-        f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} user@gpu-box` and use the URL below; or serve on "
+        f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} user@gpu-box` and use the URL below; "
+        "or serve on "
         "0.0.0.0 with --token-file and put the token in the Authorization header. Legacy SSE clients: "
         f"{url.removesuffix('/mcp')}/sse"
     )

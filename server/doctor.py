@@ -101,7 +101,10 @@ def report(settings: Settings) -> DoctorReport:
         },
         llama_cpp=_llama(),
         faiss=_faiss(),
-        bundled_models={"smollm2_gguf": str(gguf) if gguf else None, "minilm": str(minilm) if minilm else None},
+        bundled_models={
+            "smollm2_gguf": str(gguf) if gguf else None,
+            "minilm": str(minilm) if minilm else None,
+        },
         state_dir=str(settings.state_dir),
         allowed_roots=[str(p) for p in settings.allowed_roots],
         model_dirs=[str(p) for p in settings.model_dirs],
@@ -117,17 +120,38 @@ def render(rep: DoctorReport) -> str:
         hint = "" if e.installed else f"   (pip install 'gpubox[{e.name}]')"
         lines.append(f"  {ok if e.installed else no}{e.name:7} {mods}{hint}")
     t = rep.torch
-    lines += ["", "torch:     " + (f"{t['version']} cuda_build={t['cuda_build']} cuda={t['cuda_available']} "
-                                  f"{t['devices']}" if t["installed"] else "not installed")]
+    lines += [
+        "",
+        "torch:     "
+        + (
+            f"{t['version']} cuda_build={t['cuda_build']} cuda={t['cuda_available']} {t['devices']}"
+            if t["installed"]
+            else "not installed"
+        ),
+    ]
     n = rep.nvml
-    lines.append("nvml:      " + (f"driver {n['driver']}, GPUs: {n['gpus']}" if n["available"] else n["reason"]))
+    lines.append(
+        "nvml:      " + (f"driver {n['driver']}, GPUs: {n['gpus']}" if n["available"] else n["reason"])
+    )
     ll = rep.llama_cpp
-    lines.append("llama.cpp: " + (f"{ll['version']} gpu_offload={ll['gpu_offload']}" if ll["installed"]
-                                  else "not installed (pip install 'gpubox[llama]')"))
+    lines.append(
+        "llama.cpp: "
+        + (
+            f"{ll['version']} gpu_offload={ll['gpu_offload']}"
+            if ll["installed"]
+            else "not installed (pip install 'gpubox[llama]')"
+        )
+    )
     f = rep.faiss
     lines.append("faiss:     " + (f"{f['version']} gpus={f['gpus']}" if f["installed"] else "not installed"))
     lines += ["", "bundled models:"]
-    lines += [f"  {k}: {v or 'not found (pip install gpubox[models])'}" for k, v in rep.bundled_models.items()]
-    lines += ["", f"state dir:     {rep.state_dir}", f"allowed roots: {rep.allowed_roots}",
-              f"model dirs:    {rep.model_dirs}"]
+    lines += [
+        f"  {k}: {v or 'not found (pip install gpubox[models])'}" for k, v in rep.bundled_models.items()
+    ]
+    lines += [
+        "",
+        f"state dir:     {rep.state_dir}",
+        f"allowed roots: {rep.allowed_roots}",
+        f"model dirs:    {rep.model_dirs}",
+    ]
     return "\n".join(lines)

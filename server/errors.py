@@ -39,7 +39,7 @@ class UnknownNameError(InvalidInputError):
         parts = [f"unknown {kind} '{name}'."]
         if suggestions:
             parts.append("Did you mean: " + ", ".join(suggestions) + "?")
-        shown = choices if len(choices) <= 40 else choices[:40] + [f"... ({len(choices) - 40} more)"]
+        shown = choices if len(choices) <= 40 else [*choices[:40], f"... ({len(choices) - 40} more)"]
         if shown:
             parts.append(f"Valid {kind} names: " + ", ".join(shown) + ".")
         if hint:

@@ -12,7 +12,12 @@ from gpubox.errors import MissingExtraError
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
     "gpu": (("pynvml", "nvidia-ml-py"),),
     "llama": (("llama_cpp", "llama-cpp-python"),),
-    "hf": (("torch", "torch"), ("transformers", "transformers"), ("accelerate", "accelerate"), ("gguf", "gguf")),
+    "hf": (
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+        ("accelerate", "accelerate"),
+        ("gguf", "gguf"),
+    ),
     "train": (("peft", "peft"), ("trl", "trl"), ("bitsandbytes", "bitsandbytes"), ("datasets", "datasets")),
     "search": (
         ("faiss", "faiss-cpu"),

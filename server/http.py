@@ -29,7 +29,8 @@ def check_bind(settings: Settings) -> None:
     """Refuse a non-loopback bind without a token (a GPU box open to the network runs arbitrary work)."""
     if not is_loopback(settings.host) and not settings.resolved_token():
         raise ConfigError(
-            f"refusing to bind {settings.host}:{settings.port} without a token: anyone who can reach it could "
+            f"refusing to bind {settings.host}:{settings.port} without a token: "
+            "anyone who can reach it could "
             "use this GPU box. Set GPUBOX_TOKEN, --token or --token-file, or bind 127.0.0.1 and tunnel with "
             f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} <this-host>`."
         )

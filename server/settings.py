@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     token_file: Path | None = Field(default=None, description="File holding the bearer token (first line).")
     allowed_hosts: StrList = Field(
         default_factory=list,
-        description="Extra Host header values accepted over HTTP (e.g. 'gpu-box.internal:*'); loopback always.",
+        description="Extra Host header values accepted over HTTP (e.g. 'gpu-box.internal:*').",
     )
     allowed_origins: StrList = Field(
         default_factory=list,
@@ -104,7 +104,10 @@ class Settings(BaseSettings):
 
     # --- estimator -----------------------------------------------------------------------------
     electricity_usd_per_kwh: float = Field(
-        default=0.15, ge=0.0, le=5.0, description="Local electricity price used for on-premise cost estimates."
+        default=0.15,
+        ge=0.0,
+        le=5.0,
+        description="Local electricity price used for on-premise cost estimates.",
     )
 
     @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
@@ -125,7 +128,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _token_file_readable(self) -> Settings:
         if self.token_file is not None and not self.token_file.is_file():
-            raise ValueError(f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE")
+            raise ValueError(
+                f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE"
+            )
         return self
 
     # --- derived --------------------------------------------------------------------------------
