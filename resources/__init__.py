@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.resources import gpu
+from gpubox.resources import estimate, gpu
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu,):
+    for module in (gpu, estimate):
         module.register(mcp)

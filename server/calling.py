@@ -30,9 +30,7 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
     args: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise InvalidInputError(
-                f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5"
-            )
+            raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5")
         key, raw = pair.split("=", 1)
         if key not in props:
             raise UnknownNameError("argument", key, props.keys())

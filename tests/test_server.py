@@ -26,9 +26,7 @@ async def _contract(client: Client) -> dict[str, Any]:
     tools = (await client.list_tools()).tools
     return {
         t.name: {
-            "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True)
-            if t.annotations
-            else None,
+            "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True) if t.annotations else None,
             "input_schema": t.input_schema,
             "output_schema": t.output_schema,
         }
@@ -42,13 +40,9 @@ async def test_public_tool_list_matches_the_pinned_contract(server: object) -> N
     if os.environ.get("GPUBOX_UPDATE_CONTRACT") == "1":
         CONTRACT.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     pinned = json.loads(CONTRACT.read_text())
-    assert sorted(current) == sorted(pinned), (
-        "tool names changed; rerun with GPUBOX_UPDATE_CONTRACT=1 if deliberate"
-    )
+    assert sorted(current) == sorted(pinned), "tool names changed; rerun with GPUBOX_UPDATE_CONTRACT=1 if deliberate"
     for name in pinned:
-        assert current[name] == pinned[name], (
-            f"contract of {name} drifted; GPUBOX_UPDATE_CONTRACT=1 to accept"
-        )
+        assert current[name] == pinned[name], f"contract of {name} drifted; GPUBOX_UPDATE_CONTRACT=1 to accept"
 
 
 async def test_every_tool_has_annotations_a_description_and_an_output_schema(client: Client) -> None:
@@ -93,9 +87,7 @@ def test_importing_gpubox_and_listing_tools_loads_no_heavy_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_settings_read_env_prefix_and_split_path_lists(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_settings_read_env_prefix_and_split_path_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     monkeypatch.setenv("GPUBOX_ALLOWED_ROOTS", f"{a}{os.pathsep}{b}")
     monkeypatch.setenv("GPUBOX_PORT", "9100")
@@ -156,9 +148,7 @@ def test_cli_call_prints_structured_json(tmp_path: Path) -> None:
 
 
 def test_cli_call_with_an_unknown_tool_names_the_valid_ones(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [GPUBOX, "call", "gpu_stat"], env=child_env(tmp_path), capture_output=True, text=True
-    )
+    out = subprocess.run([GPUBOX, "call", "gpu_stat"], env=child_env(tmp_path), capture_output=True, text=True)
     assert out.returncode == 2
     assert "gpu_status" in out.stderr
 

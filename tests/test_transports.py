@@ -45,9 +45,7 @@ async def test_http_without_a_token_gets_401(http_server: tuple[str, str]) -> No
     async with httpx2.AsyncClient() as http:
         r = await http.post(f"{base}/mcp", json=INIT, headers=JSON_HEADERS)
         assert r.status_code == 401
-        r = await http.post(
-            f"{base}/mcp", json=INIT, headers={**JSON_HEADERS, "Authorization": "Bearer wrong"}
-        )
+        r = await http.post(f"{base}/mcp", json=INIT, headers={**JSON_HEADERS, "Authorization": "Bearer wrong"})
         assert r.status_code == 401
         r = await http.get(f"{base}/sse", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
@@ -69,9 +67,7 @@ async def test_http_bounds_the_request_body(http_server: tuple[str, str]) -> Non
     base, token = http_server
     big = b'{"x": "' + b"a" * (5 * 1024 * 1024) + b'"}'
     async with httpx2.AsyncClient() as http:
-        r = await http.post(
-            f"{base}/mcp", content=big, headers={**JSON_HEADERS, "Authorization": f"Bearer {token}"}
-        )
+        r = await http.post(f"{base}/mcp", content=big, headers={**JSON_HEADERS, "Authorization": f"Bearer {token}"})
         assert r.status_code == 413
 
 
@@ -84,9 +80,7 @@ async def test_http_health_answers_without_auth(http_server: tuple[str, str]) ->
 
 async def test_streamable_http_with_the_token_runs_tools(http_server: tuple[str, str]) -> None:
     base, token = http_server
-    http = httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=120)
-    )
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=120))
     async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
         result = await client.call_tool("gpu_status", {})
         assert not result.is_error and result.structured_content is not None
@@ -114,7 +108,5 @@ def test_binding_all_interfaces_without_a_token_is_refused(tmp_path: Path) -> No
 
 
 def test_python_m_gpubox_is_the_same_cli(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "gpubox", "--version"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-m", "gpubox", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("gpubox ")

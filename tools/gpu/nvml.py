@@ -126,9 +126,7 @@ def gpu_status(nv: ModuleType | Any | None = None) -> GpuStatus:
         try:
             nv.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            return GpuStatus(
-                available=False, reason=f"NVML unavailable: {exc} (no NVIDIA driver/GPU?)", host=host
-            )
+            return GpuStatus(available=False, reason=f"NVML unavailable: {exc} (no NVIDIA driver/GPU?)", host=host)
         try:
             count = nv.nvmlDeviceGetCount()
             driver = _try(nv.nvmlSystemGetDriverVersion)

@@ -1,0 +1,178 @@
+"""GPU, price and model-shape catalogs: package data, extended by JSON files in <state_dir>/catalog/.
+
+A user file `gpus.json` / `models.json` adds or replaces entries by id; `prices.json` adds price rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from gpubox.errors import ConfigError, UnknownNameError
+
+
+class GpuSpec(BaseModel):
+    id: str
+    name: str
+    vram_gb: float = Field(description="Memory in GB (1e9 bytes), as marketed")
+    bandwidth_gbs: float = Field(description="Peak memory bandwidth, GB/s")
+    bf16_tflops: float = Field(description="Dense BF16/FP16 tensor TFLOPS (FP32 accumulate)")
+    fp32_tflops: float
+    tdp_w: float
+    gpu_class: str = Field(description="datacenter-hbm, datacenter-gddr, workstation-gddr, consumer-gddr, apple")
+    memory_type: str
+    bf16_supported: bool = True
+    aliases: list[str] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
+class Price(BaseModel):
+    provider: str
+    gpu: str
+    usd_per_hour: float = Field(description="On-demand $ per GPU-hour")
+    spot_usd_per_hour: float | None = None
+    observed: str = Field(description="Date the price was observed at its source")
+    source: str
+    note: str | None = None
+
+
+class ModelShape(BaseModel):
+    id: str
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    intermediate: int = Field(ge=1)
+    vocab: int = Field(ge=1)
+    tied_embeddings: bool
+    max_context: int = Field(ge=1)
+    sliding_window: int | None = Field(None, description="Local-attention window of the non-global layers")
+    global_every: int | None = Field(None, description="Every n-th layer attends globally (others: window)")
+    aliases: list[str] = Field(default_factory=list)
+    source: str = ""
+    params_override: int | None = Field(None, description="Exact parameter count when read from weights")
+
+    # --- parameter counts (all exact for Llama-style decoder blocks) ------------------------------
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(d_in, d_out) of every projection in one block."""
+        q_out = self.heads * self.head_dim
+        kv_out = self.kv_heads * self.head_dim
+        h, f = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, q_out),
+            "k_proj": (h, kv_out),
+            "v_proj": (h, kv_out),
+            "o_proj": (q_out, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
+
+    def linear_params_per_layer(self) -> int:
+        return sum(i * o for i, o in self.linear_shapes().values())
+
+    def embedding_params(self) -> int:
+        """Input embedding plus (untied) output head."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    def params(self) -> int:
+        if self.params_override:
+            return self.params_override
+        norms = self.layers * 2 * self.hidden + self.hidden
+        return self.layers * self.linear_params_per_layer() + self.embedding_params() + norms
+
+    def kv_layers_at(self, context: int) -> float:
+        """Layers' worth of full-context KV: sliding-window layers only keep `window` tokens."""
+        if not self.sliding_window or not self.global_every:
+            return float(self.layers)
+        n_global = self.layers // self.global_every
+        n_local = self.layers - n_global
+        return n_global + n_local * min(context, self.sliding_window) / max(context, 1)
+
+
+DATA = "gpubox.tools.estimate"
+
+
+def _package_json(name: str) -> dict[str, Any]:
+    return json.loads(resources.files(DATA).joinpath("data", name).read_text(encoding="utf-8"))
+
+
+def _user_json(state_dir: Path | None, name: str) -> dict[str, Any]:
+    if state_dir is None:
+        return {}
+    path = state_dir / "catalog" / name
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); fix or remove it") from exc
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+class Catalog:
+    def __init__(self, state_dir: Path | None = None) -> None:
+        try:
+            self.gpus = self._merge(GpuSpec, "gpus", state_dir)
+            self.models = self._merge(ModelShape, "models", state_dir)
+            user_prices = _user_json(state_dir, "prices.json").get("prices", [])
+            self.prices = [Price(**p) for p in _package_json("prices.json")["prices"] + user_prices]
+        except ValidationError as exc:
+            raise ConfigError(f"a catalog file in {state_dir}/catalog is malformed: {exc}") from exc
+        self._gpu_index = self._index(self.gpus)
+        self._model_index = self._index(self.models)
+
+    @staticmethod
+    def _merge(model_cls: type[Any], key: str, state_dir: Path | None) -> dict[str, Any]:
+        out = {e["id"]: model_cls(**e) for e in _package_json(f"{key}.json")[key]}
+        for e in _user_json(state_dir, f"{key}.json").get(key, []):
+            out[e["id"]] = model_cls(**e)
+        return out
+
+    @staticmethod
+    def _index(entries: dict[str, Any]) -> dict[str, str]:
+        idx: dict[str, str] = {}
+        for eid, e in entries.items():
+            for n in [eid, *e.aliases]:
+                idx[norm(n)] = eid
+        return idx
+
+    def gpu(self, name: str) -> GpuSpec:
+        key = self._gpu_index.get(norm(name))
+        if key is None:
+            # NVML names such as "NVIDIA H100 80GB HBM3" map through aliases; try a contained id as well
+            hits = [gid for gid in self.gpus if norm(gid) and norm(gid) in norm(name)]
+            if len(hits) == 1:
+                key = hits[0]
+        if key is None:
+            raise UnknownNameError("GPU", name, self.gpus.keys(), hint="Or pass 'local' or 'all'.")
+        return self.gpus[key]
+
+    def model(self, name: str) -> ModelShape:
+        key = self._model_index.get(norm(name))
+        if key is None:
+            raise UnknownNameError(
+                "model",
+                name,
+                self.models.keys(),
+                hint="Or pass a path to a GGUF file or a Hugging Face model folder (with config.json).",
+            )
+        return self.models[key]
+
+    def prices_for(self, gpu_id: str) -> list[Price]:
+        return sorted((p for p in self.prices if p.gpu == gpu_id), key=lambda p: p.usd_per_hour)
+
+
+@cache
+def package_catalog() -> Catalog:
+    return Catalog(None)

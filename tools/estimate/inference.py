@@ -1,0 +1,210 @@
+"""Inference estimate: VRAM breakdown, fit, largest context, n_gpu_layers, decode/prefill speed, cost.
+
+Decode at small batch is memory-bandwidth bound: tok/s <= BW / bytes read per step (weights once, plus the
+KV cache of every sequence). Prefill is compute bound: tok/s ~ MFU x peak / (2 N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpubox.tools.estimate.calibration import CalibrationStore
+from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape
+from gpubox.tools.estimate.formats import SIXTEEN_BIT_EMBEDDINGS, bits_per_weight, kv_bytes
+from gpubox.tools.estimate.schemas import (
+    FullContextLine,
+    InferenceMemory,
+    InferenceOnGpu,
+    ProviderCost,
+)
+
+GB = 1e9
+RUNTIME_OVERHEAD_GB = 0.45  # CUDA context + cuBLAS workspace: 0.3-0.5 GB (hardware.md §4b)
+N_UBATCH = 512  # llama.cpp default physical batch
+PREFILL_MFU = 0.25  # llama.cpp pp512 reaches ~15-35% of dense peak on datacenter GPUs; calibrate per GPU
+
+# Decode efficiency (share of the bandwidth ceiling) by GPU class. Source: llmfit PR #137 ("real-world
+# efficiency is ~50-70% of this ceiling") and the vLLM maintainer's rule of thumb (vllm#7379).
+DECODE_EFFICIENCY = {
+    "datacenter-hbm": 0.60,
+    "datacenter-gddr": 0.65,
+    "workstation-gddr": 0.65,
+    "consumer-gddr": 0.70,
+    "apple": 0.65,
+}
+EFFICIENCY_SOURCE = "default for this GPU class: 50-70% of the bandwidth ceiling (llmfit PR #137, vllm#7379)"
+
+
+@dataclass
+class WeightPlan:
+    total_bytes: float
+    per_layer_bytes: float
+    non_layer_bytes: float  # embeddings + output head + norms
+
+
+def weight_plan(shape: ModelShape, fmt: str, exact_bytes: int | None = None) -> WeightPlan:
+    bpw = bits_per_weight(fmt) / 8
+    emb = shape.embedding_params()
+    emb_bpw = 2.0 if fmt in SIXTEEN_BIT_EMBEDDINGS else bpw
+    layer_params = shape.linear_params_per_layer() + 2 * shape.hidden
+    total = shape.layers * layer_params * bpw + emb * emb_bpw
+    if exact_bytes:  # a GGUF file's tensors: scale our split to the exact total
+        scale = exact_bytes / total
+        return WeightPlan(exact_bytes, layer_params * bpw * scale, emb * emb_bpw * scale)
+    return WeightPlan(total, layer_params * bpw, emb * emb_bpw)
+
+
+def kv_bytes_per_token(shape: ModelShape, kv_type: str, context: int) -> float:
+    """K and V for every layer; sliding-window layers hold only their window."""
+    per_layer = 2 * shape.kv_heads * shape.head_dim * kv_bytes(kv_type)
+    return per_layer * shape.kv_layers_at(context)
+
+
+def compute_buffer_bytes(shape: ModelShape, context: int, batch: int) -> float:
+    # llama.cpp's largest graph buffer: logits of one ubatch (fp32) or the attention scores of one ubatch
+    # against the whole context (fp32, without flash attention), whichever is larger, plus hidden scratch.
+    ub = min(N_UBATCH, max(context * batch, 1))
+    logits = ub * shape.vocab * 4
+    scores = ub * shape.heads * min(context, 1 << 20) * 4
+    scratch = ub * (shape.hidden + shape.intermediate) * 4 * 2
+    return max(logits, scores) + scratch
+
+
+def memory(shape: ModelShape, wp: WeightPlan, kv_type: str, context: int, batch: int) -> InferenceMemory:
+    kv = kv_bytes_per_token(shape, kv_type, context) * context * batch
+    comp = compute_buffer_bytes(shape, context, batch)
+    total = wp.total_bytes + kv + comp + RUNTIME_OVERHEAD_GB * GB
+    return InferenceMemory(
+        weights_gb=round(wp.total_bytes / GB, 3),
+        kv_cache_gb=round(kv / GB, 3),
+        compute_buffers_gb=round(comp / GB, 3),
+        runtime_overhead_gb=RUNTIME_OVERHEAD_GB,
+        total_gb=round(total / GB, 3),
+    )
+
+
+def max_context(shape: ModelShape, wp: WeightPlan, kv_type: str, batch: int, avail_bytes: float) -> int:
+    """Largest context (<= model max) whose full-offload memory fits `avail_bytes` (bisection: KV of
+    sliding-window layers and the compute buffer are not linear in the context)."""
+
+    def need(ctx: int) -> float:
+        return memory(shape, wp, kv_type, ctx, batch).total_gb * GB
+
+    if need(1) > avail_bytes:
+        return 0
+    lo, hi = 1, shape.max_context
+    if need(hi) <= avail_bytes:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= avail_bytes else (lo, mid)
+    return lo
+
+
+def gpu_layers(shape: ModelShape, wp: WeightPlan, kv_type: str, context: int, batch: int, avail: float) -> int:
+    """llama.cpp n_gpu_layers for a partial offload: each offloaded layer brings its weights and its KV."""
+    fixed = compute_buffer_bytes(shape, context, batch) + RUNTIME_OVERHEAD_GB * GB
+    kv_layer = 2 * shape.kv_heads * shape.head_dim * kv_bytes(kv_type) * context * batch
+    per_layer = wp.per_layer_bytes + kv_layer
+    if avail <= fixed:
+        return 0
+    return max(0, min(shape.layers, math.floor((avail - fixed) / per_layer)))
+
+
+def estimate_on_gpu(
+    shape: ModelShape,
+    wp: WeightPlan,
+    gpu: GpuSpec,
+    *,
+    context: int,
+    batch: int,
+    kv_type: str,
+    catalog: Catalog,
+    available_gb: float | None = None,
+    store: CalibrationStore | None = None,
+    host_bandwidth_gbs: float = 50.0,
+) -> InferenceOnGpu:
+    avail = (available_gb if available_gb is not None else gpu.vram_gb) * GB
+    mem = memory(shape, wp, kv_type, context, batch)
+    need = mem.total_gb * GB
+    fits = need <= avail
+    full = memory(shape, wp, kv_type, shape.max_context, batch)
+    n_layers = shape.layers if fits else gpu_layers(shape, wp, kv_type, context, batch, avail)
+    offload = "full" if fits else ("partial" if n_layers > 0 else "none")
+
+    eff, eff_src = DECODE_EFFICIENCY.get(gpu.gpu_class, 0.6), EFFICIENCY_SOURCE
+    prefill_mfu = PREFILL_MFU
+    if store is not None:
+        m = store.best("inference", gpu.id, "decode_efficiency", params=shape.params())
+        if m is not None and m.decode_efficiency:
+            eff = m.decode_efficiency
+            eff_src = f"measured: run #{m.id} ({m.model}, {m.created_at[:10]})"
+        p = store.best("inference", gpu.id, "prefill_tokens_per_s", params=shape.params())
+        if p is not None and p.prefill_tokens_per_s and p.params:
+            prefill_mfu = min(1.0, p.prefill_tokens_per_s * 2 * p.params / (gpu.bf16_tflops * 1e12))
+
+    # bytes read per decode step: all weights once, plus each sequence's KV at half the context on average
+    kv_read = kv_bytes_per_token(shape, kv_type, context) * (context / 2) * batch
+    frac_gpu = n_layers / shape.layers
+    gpu_bytes = wp.non_layer_bytes + wp.per_layer_bytes * n_layers + kv_read * frac_gpu
+    cpu_bytes = wp.per_layer_bytes * (shape.layers - n_layers) + kv_read * (1 - frac_gpu)
+    step_s = gpu_bytes / (gpu.bandwidth_gbs * GB) + cpu_bytes / (host_bandwidth_gbs * GB)
+    ceiling = batch / step_s
+    decode = ceiling * eff
+    prefill = prefill_mfu * gpu.bf16_tflops * 1e12 / (2 * shape.params())
+    if n_layers < shape.layers:  # CPU layers run the prompt at host speed too
+        prefill *= max(frac_gpu, 0.05)
+
+    costs = [
+        ProviderCost(
+            provider=p.provider,
+            usd_per_hour=p.usd_per_hour,
+            spot_usd_per_hour=p.spot_usd_per_hour,
+            price_observed=p.observed,
+            source=p.source,
+            usd=round(p.usd_per_hour / (decode * 3600) * 1e6, 4),
+        )
+        for p in catalog.prices_for(gpu.id)
+    ]
+    return InferenceOnGpu(
+        gpu=gpu.id,
+        gpu_name=gpu.name,
+        vram_gb=gpu.vram_gb,
+        available_gb=round(avail / GB, 3),
+        memory=mem,
+        fits=fits,
+        margin_gb=round((avail - need) / GB, 3),
+        full_context=FullContextLine(
+            context=shape.max_context,
+            kv_cache_gb=full.kv_cache_gb,
+            total_gb=full.total_gb,
+            fits=full.total_gb * GB <= avail,
+        ),
+        max_context_that_fits=max_context(shape, wp, kv_type, batch, avail),
+        n_gpu_layers=n_layers,
+        total_layers=shape.layers,
+        offload=offload,
+        decode_tokens_per_s_ceiling=round(ceiling, 2),
+        decode_tokens_per_s=round(decode, 2),
+        decode_efficiency=round(eff, 3),
+        efficiency_source=eff_src,
+        prefill_tokens_per_s=round(prefill, 1),
+        prefill_mfu=round(prefill_mfu, 3),
+        costs_per_million_tokens=costs,
+        cheapest_usd_per_million_tokens=min((c.usd for c in costs), default=None),
+    )
+
+
+ASSUMPTIONS = [
+    "Weights: bits per weight of the format (k-quants as llama.cpp reports whole-file sizes); NF4/int8 keep "
+    "embeddings and the output head in 16 bit; a GGUF file's exact tensor bytes are used when given a path.",
+    "KV cache = 2 x layers x kv_heads x head_dim x bytes(kv type) x context x batch; sliding-window layers "
+    "(e.g. Gemma-3) hold only their window.",
+    f"Compute buffers: llama.cpp-style graph buffer for a {N_UBATCH}-token ubatch (logits or attention scores "
+    f"without flash attention, fp32); runtime overhead {RUNTIME_OVERHEAD_GB} GB (CUDA context, cuBLAS).",
+    "Decode ceiling = bandwidth / (weights + KV read at half the context per sequence); expected = ceiling x "
+    "efficiency (measured for this GPU when a calibration exists). Partially offloaded layers read at 50 GB/s.",
+    f"Prefill = MFU x dense BF16 peak / (2 x params), MFU {PREFILL_MFU} unless calibrated.",
+    "Cost per million generated tokens = $/hour / (expected decode tok/s x 3600) x 1e6, at full utilisation.",
+]
