@@ -28,9 +28,15 @@ def main() -> None:
     settings = Settings.load(state_dir=Path(tempfile.mkdtemp(prefix="gpubox-bench-")))
     est = Estimator(settings)
     cases = {
-        "estimate_inference Llama-3-8B q4_k_m gpu=all": ("estimate_inference", {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "all"}),
-        "estimate_training Mistral-7B qlora gpu=all": ("estimate_training", {"model": "Mistral-7B", "gpu": "all", "dataset_samples": 10000}),
-    }  # fmt: skip
+        "estimate_inference Llama-3-8B q4_k_m gpu=all": (
+            "estimate_inference",
+            {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "all"},
+        ),
+        "estimate_training Mistral-7B qlora gpu=all": (
+            "estimate_training",
+            {"model": "Mistral-7B", "gpu": "all", "dataset_samples": 10000},
+        ),
+    }
     rows = []
     for label, (tool, args) in cases.items():
         core = []

@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.prompts import gpu
+from gpubox.prompts import gpu, search
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu,):
+    for module in (gpu, search):
         module.register(mcp)

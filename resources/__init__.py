@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.resources import estimate, gpu
+from gpubox.resources import estimate, gpu, search
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu, estimate):
+    for module in (gpu, estimate, search):
         module.register(mcp)

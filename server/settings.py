@@ -110,12 +110,34 @@ class Settings(BaseSettings):
         description="Local electricity price used for on-premise cost estimates.",
     )
 
+    # --- code search ---------------------------------------------------------------------------
+    search_embedding_model: Path | None = Field(
+        default=None,
+        description="Local sentence-transformers model folder for code search (default: bundled all-MiniLM-L6-v2).",
+    )
+    search_max_file_bytes: int = Field(
+        default=1_000_000, ge=1024, le=100_000_000, description="Files larger than this are not indexed."
+    )
+    search_index_wait_seconds: float = Field(
+        default=20.0,
+        ge=0.0,
+        le=3600.0,
+        description="How long search_index waits before returning and letting indexing continue in the background.",
+    )
+    search_ann_threshold: int = Field(
+        default=200_000,
+        ge=1000,
+        le=100_000_000,
+        description="Chunk count above which an approximate FAISS index (HNSW) replaces exact search.",
+    )
+    search_embed_batch: int = Field(default=32, ge=1, le=4096, description="Embedding batch size.")
+
     @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
 
-    @field_validator("state_dir", "token_file", mode="after")
+    @field_validator("state_dir", "token_file", "search_embedding_model", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

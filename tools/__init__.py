@@ -7,6 +7,6 @@ from types import ModuleType
 
 def families() -> tuple[ModuleType, ...]:
     """Every family module, each exposing `register(mcp)`. Importing them loads no heavy library."""
-    from gpubox.tools import estimate, gpu
+    from gpubox.tools import estimate, gpu, search
 
-    return (gpu, estimate)
+    return (gpu, estimate, search)

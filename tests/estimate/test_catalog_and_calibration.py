@@ -7,9 +7,30 @@ import pytest
 from mcp import Client
 
 pytestmark = pytest.mark.anyio
-SEED_GPUS = ["T4", "V100-16GB", "V100-32GB", "A10", "A10G", "L4", "L40S", "A6000", "A100-40GB-SXM", "A100-40GB-PCIe",
-             "A100-80GB-SXM", "A100-80GB-PCIe", "H100-SXM", "H100-PCIe", "H100-NVL", "H200", "GH200", "RTX-3090",
-             "RTX-4090", "RTX-5090", "M2-Max", "M3-Max"]  # fmt: skip
+SEED_GPUS = [
+    "T4",
+    "V100-16GB",
+    "V100-32GB",
+    "A10",
+    "A10G",
+    "L4",
+    "L40S",
+    "A6000",
+    "A100-40GB-SXM",
+    "A100-40GB-PCIe",
+    "A100-80GB-SXM",
+    "A100-80GB-PCIe",
+    "H100-SXM",
+    "H100-PCIe",
+    "H100-NVL",
+    "H200",
+    "GH200",
+    "RTX-3090",
+    "RTX-4090",
+    "RTX-5090",
+    "M2-Max",
+    "M3-Max",
+]
 
 
 async def test_gpu_catalog_covers_every_seed_gpu_with_sources_and_dated_prices(client: Client) -> None:
@@ -34,10 +55,26 @@ async def test_gpu_resource_serves_the_catalog(client: Client) -> None:
 async def test_a_user_catalog_file_adds_a_gpu_and_a_price(client: Client, settings: Any) -> None:
     cat = settings.state_dir / "catalog"
     cat.mkdir(parents=True)
-    (cat / "gpus.json").write_text(json.dumps({"gpus": [{
-        "id": "MI300X", "name": "AMD Instinct MI300X", "vram_gb": 192, "bandwidth_gbs": 5300, "bf16_tflops": 1307,
-        "fp32_tflops": 163, "tdp_w": 750, "gpu_class": "datacenter-hbm", "memory_type": "HBM3",
-        "sources": {"all": "AMD datasheet"}}]}))  # fmt: skip
+    (cat / "gpus.json").write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "id": "MI300X",
+                        "name": "AMD Instinct MI300X",
+                        "vram_gb": 192,
+                        "bandwidth_gbs": 5300,
+                        "bf16_tflops": 1307,
+                        "fp32_tflops": 163,
+                        "tdp_w": 750,
+                        "gpu_class": "datacenter-hbm",
+                        "memory_type": "HBM3",
+                        "sources": {"all": "AMD datasheet"},
+                    }
+                ]
+            }
+        )
+    )
     (cat / "prices.json").write_text(
         json.dumps(
             {
@@ -65,9 +102,18 @@ async def test_a_recorded_inference_run_calibrates_later_estimates(client: Clien
     args = {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "H100-SXM", "context_length": 4096}
     before = (await client.call_tool("estimate_inference", args)).structured_content
     assert before is not None
-    rec = await client.call_tool("estimate_record_measurement", {
-        "kind": "inference", "gpu": "H100-SXM", "model": "Llama-3-8B", "weight_format": "q4_k_m",
-        "tokens_per_s": 150.0, "context_length": 0, "note": "test"})  # fmt: skip
+    rec = await client.call_tool(
+        "estimate_record_measurement",
+        {
+            "kind": "inference",
+            "gpu": "H100-SXM",
+            "model": "Llama-3-8B",
+            "weight_format": "q4_k_m",
+            "tokens_per_s": 150.0,
+            "context_length": 0,
+            "note": "test",
+        },
+    )
     assert not rec.is_error and rec.structured_content is not None
     eff = rec.structured_content["decode_efficiency"]
     assert eff == pytest.approx(150 * 4.9e9 / 3350e9, rel=0.02)
@@ -82,11 +128,27 @@ async def test_a_recorded_inference_run_calibrates_later_estimates(client: Clien
 
 
 async def test_a_recorded_training_run_replaces_the_default_memory_factor(client: Client) -> None:
-    args = {"model": "Mistral-7B", "gpu": "A10", "dataset_samples": 100, "max_length": 512,
-            "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}  # fmt: skip
-    rec = await client.call_tool("estimate_record_measurement", {
-        "kind": "training", "gpu": "A10", "model": "Mistral-7B", "method": "qlora", "max_length": 512,
-        "micro_batch": 8, "gradient_checkpointing": True, "peak_memory_gb": 12.0, "tokens_per_s": 900.0})  # fmt: skip
+    args = {
+        "model": "Mistral-7B",
+        "gpu": "A10",
+        "dataset_samples": 100,
+        "max_length": 512,
+        "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    }
+    rec = await client.call_tool(
+        "estimate_record_measurement",
+        {
+            "kind": "training",
+            "gpu": "A10",
+            "model": "Mistral-7B",
+            "method": "qlora",
+            "max_length": 512,
+            "micro_batch": 8,
+            "gradient_checkpointing": True,
+            "peak_memory_gb": 12.0,
+            "tokens_per_s": 900.0,
+        },
+    )
     assert rec.structured_content is not None
     factor = rec.structured_content["activation_factor"]
     assert 0 < factor < 3.8  # a leaner measured run than the default

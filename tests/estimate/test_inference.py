@@ -132,8 +132,15 @@ async def test_a_gguf_path_is_read_from_its_header(client: Client, settings: Any
 async def test_a_hf_config_folder_is_read(client: Client, settings: Any) -> None:
     d: Path = settings.allowed_roots[0] / "my-model"
     d.mkdir()
-    cfg = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-           "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192}  # fmt: skip
+    cfg = {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 32,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     est = await _inf(client, model=str(d), gpu="A10", weight_format="q4_k_m")
     assert est["model"]["params"] == package_catalog().model("Llama-3-8B").params()

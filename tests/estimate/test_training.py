@@ -23,9 +23,17 @@ async def _train(client: Client, **args: Any) -> dict[str, Any]:
 
 async def test_seed_002_a10_mistral_qlora_plans_micro_batch_8_at_about_20_gb(client: Client) -> None:
     est = await _train(
-        client, model="Mistral-7B-Instruct-v0.3", method="qlora", lora_rank=16, lora_target_modules=QKVO,
-        max_length=512, gradient_checkpointing=True, optimizer="paged_adamw_8bit", gpu="A10", dataset_samples=10_000,
-    )  # fmt: skip
+        client,
+        model="Mistral-7B-Instruct-v0.3",
+        method="qlora",
+        lora_rank=16,
+        lora_target_modules=QKVO,
+        max_length=512,
+        gradient_checkpointing=True,
+        optimizer="paged_adamw_8bit",
+        gpu="A10",
+        dataset_samples=10_000,
+    )
     a10 = est["results"][0]
     assert a10["micro_batch"] == 8
     assert 19.0 <= a10["memory"]["total_gb"] <= 21.0

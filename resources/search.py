@@ -1,0 +1,24 @@
+"""search://indexes and search://indexes/{name}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+
+from gpubox.registry import app_state
+from gpubox.tools.search import search_service
+
+
+def register(mcp: MCPServer[Any]) -> None:
+    @mcp.resource("search://indexes", name="search_indexes", mime_type="application/json", title="Code indexes")
+    def indexes() -> str:
+        """Every code-search index with its state (same as search_list)."""
+        from gpubox.app import state_of
+
+        return search_service(state_of(mcp)).list().model_dump_json(indent=2)
+
+    @mcp.resource("search://indexes/{name}", name="search_index_info", mime_type="application/json")
+    def index_info(name: str, ctx: Context) -> str:
+        """One code-search index: root, files, chunks, model, size, last indexed, state."""
+        return search_service(app_state(ctx)).info(name).model_dump_json(indent=2)

@@ -1,0 +1,3 @@
+"""Inventory service package."""
+
+__version__ = "1.2.0"

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
+from tests.conftest import DATA
+
+
+def make_repo(dest: Path) -> Path:
+    """A copy of tests/data/sample_repo plus the files its .gitignore must keep out (git would not commit them)."""
+    shutil.copytree(DATA / "sample_repo", dest)
+    (dest / "app.log").write_text("2026-01-01 started\n")
+    (dest / "secrets.txt").write_text("api_key=do-not-index-me\n")
+    (dest / "generated").mkdir()
+    (dest / "generated" / "schema.py").write_text("SCHEMA = 'ignored by .gitignore'\n")
+    (dest / "build").mkdir()
+    (dest / "build" / "out.js").write_text("console.log('built');\n")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def search_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path, Settings]]:
+    """One server per module so the embedding model loads once."""
+    base = tmp_path_factory.mktemp("search")
+    root = base / "root"
+    root.mkdir()
+    settings = Settings.load(state_dir=base / "state", allowed_roots=[root], search_index_wait_seconds=120)
+    mcp = build_server(settings)
+    yield mcp, root, settings
+    state_of(mcp).close()

@@ -1,0 +1,361 @@
+"""The search service: named indexes under <state_dir>/search/, background indexing jobs, hybrid queries."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.paths import resolve_inside
+from gpubox.settings import Settings
+from gpubox.tools.search import vectors
+from gpubox.tools.search.chunker import chunk_text
+from gpubox.tools.search.embedder import Embedder, default_model_path
+from gpubox.tools.search.indexer import Cancelled, IndexReport, Progress, embed_text, ensure_not_running, run_index, sha
+from gpubox.tools.search.query import hybrid, snippet
+from gpubox.tools.search.schemas import (
+    DropResult,
+    DryRun,
+    IndexInfo,
+    IndexList,
+    IndexProgress,
+    IndexResult,
+    SearchHit,
+    SearchResults,
+)
+from gpubox.tools.search.store import IndexStore
+from gpubox.tools.search.walker import WalkOptions, walk
+
+log = logging.getLogger("gpubox.search")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_RATE = {"cpu": 25.0, "cuda": 1500.0}  # chunks/s: MiniLM fp32 on 2 CPU cores (measured), fp16 on a GPU
+
+
+def progress_model(p: Progress) -> IndexProgress:
+    return IndexProgress(
+        phase=p.phase,
+        files_done=p.files_done,
+        files_total=p.files_total,
+        chunks_embedded=p.chunks_embedded,
+        chunks_to_embed=p.chunks_to_embed,
+        elapsed_s=round((p.finished or time.time()) - p.started, 2),
+    )
+
+
+class SearchService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.base = settings.state_dir / "search"
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.embedder = Embedder(default_model_path(settings.search_embedding_model), settings.search_embed_batch)
+        self._stores: dict[str, IndexStore] = {}
+        self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
+        self._jobs: dict[str, Progress] = {}
+        self._reports: dict[str, IndexReport] = {}
+        self._lock = threading.Lock()
+
+    # --- names and stores -----------------------------------------------------------------------
+    def _check_name(self, name: str) -> str:
+        if not NAME.match(name):
+            raise InvalidInputError(f"index name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
+        return name
+
+    def names(self) -> list[str]:
+        return sorted(d.name for d in self.base.iterdir() if (d / "index.sqlite").is_file())
+
+    def store(self, name: str, create: bool = False) -> IndexStore:
+        with self._lock:
+            if name not in self._stores:
+                d = self.base / name
+                if not create and not (d / "index.sqlite").is_file():
+                    raise UnknownNameError("index", name, self.names(), hint="Create it with search_index.")
+                self._stores[name] = IndexStore(d)
+            return self._stores[name]
+
+    def resolve_name(self, name: str | None) -> str:
+        if name:
+            if name not in self.names() and name not in self._jobs:
+                raise UnknownNameError("index", name, self.names(), hint="Create it with search_index.")
+            return name
+        names = self.names()
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise NotFoundError("there is no index yet; call search_index with a directory first")
+        raise InvalidInputError(f"several indexes exist ({', '.join(names)}); pass index=<name>")
+
+    # --- indexing -------------------------------------------------------------------------------
+    def start_index(
+        self, path: str, name: str | None, include: list[str], exclude: list[str], max_file_bytes: int | None
+    ) -> tuple[str, Path, Progress]:
+        root = resolve_inside(path, self.settings.allowed_roots, what="directory")
+        if not root.is_dir():
+            raise InvalidInputError(f"{root} is a file; pass the repository directory")
+        name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
+        existing = self.store(name).meta().get("root") if name in self.names() else None
+        if existing and existing != str(root):
+            raise InvalidInputError(
+                f"index '{name}' already covers {existing}; pass another name or search_drop it first"
+            )
+        with self._lock:
+            ensure_not_running(self._jobs.get(name), name)
+            progress = Progress()
+            self._jobs[name] = progress
+        options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
+        store = self.store(name, create=True)
+
+        def work() -> None:
+            try:
+                self._reports[name] = run_index(
+                    root, store, self.embedder, options, progress, self.settings.search_ann_threshold
+                )
+            except Cancelled:
+                progress.error = "cancelled"
+            except Exception as exc:  # reported through search_list, never lost
+                log.exception("indexing %s failed", name)
+                progress.error = str(exc) or type(exc).__name__
+            finally:
+                progress.finished = time.time()
+                store.close()  # this thread's connection
+
+        threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
+        return name, root, progress
+
+    def result(self, name: str, root: Path, progress: Progress) -> IndexResult:
+        if progress.error:
+            return IndexResult(
+                name=name, root=str(root), state="failed", message=progress.error, progress=progress_model(progress)
+            )
+        if progress.finished is None:
+            return IndexResult(
+                name=name,
+                root=str(root),
+                state="indexing",
+                progress=progress_model(progress),
+                message=f"still indexing ({progress.message()}); it continues in the background: poll search_list",
+            )
+        r = self._reports[name]
+        return IndexResult(
+            name=name,
+            root=str(root),
+            state="ready",
+            files=r.files,
+            chunks=r.chunks,
+            added_files=r.added_files,
+            changed_files=r.changed_files,
+            removed_files=r.removed_files,
+            embedded_chunks=r.embedded_chunks,
+            reused_chunks=r.reused_chunks,
+            seconds=round(r.seconds, 3),
+            excluded=dict(r.excluded),
+            languages=dict(r.languages),
+            progress=progress_model(progress),
+            message="up to date" if not (r.added_files or r.changed_files or r.removed_files) else "indexed",
+        )
+
+    def dry_run(
+        self, path: str, name: str | None, include: list[str], exclude: list[str], max_file_bytes: int | None
+    ) -> IndexResult:
+        root = resolve_inside(path, self.settings.allowed_roots, what="directory")
+        if not root.is_dir():
+            raise InvalidInputError(f"{root} is a file; pass the repository directory")
+        name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
+        res = walk(root, WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes))
+        known: set[str] = set()
+        meta: dict[str, Any] = {}
+        if name in self.names():
+            st = self.store(name)
+            meta = st.meta()
+            known = {h for (h,) in st.connect().execute("SELECT text_hash FROM chunks")}
+        files_by, chunks_by = Counter[str](), Counter[str]()
+        todo = text_bytes = 0
+        for rel, lang in res.files:
+            text = (root / rel).read_text(encoding="utf-8", errors="replace")
+            files_by[lang] += 1
+            for c in chunk_text(text, lang):
+                chunks_by[lang] += 1
+                text_bytes += len(c.text)
+                if sha(embed_text(rel, c).encode()) not in known:
+                    todo += 1
+        import torch  # the device decides the rate; sentence-transformers needs torch anyway
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        rate, src = DEFAULT_RATE[device], f"default for {device} (all-MiniLM-L6-v2)"
+        if meta.get("embed_chunks_per_s") and meta.get("device") == device:
+            rate, src = float(meta["embed_chunks_per_s"]), "measured on this machine by the last indexing run"
+        n = sum(chunks_by.values())
+        dim = int(meta.get("dim") or 384)
+        return IndexResult(
+            name=name,
+            root=str(root),
+            state="dry_run",
+            files=len(res.files),
+            chunks=n,
+            excluded=dict(res.excluded),
+            languages=dict(files_by),
+            message=f"would index {len(res.files)} files into {n} chunks, embedding {todo}",
+            dry_run=DryRun(
+                files_by_language=dict(files_by),
+                chunks_by_language=dict(chunks_by),
+                chunks_to_embed=todo,
+                estimated_seconds=round(todo / rate + len(res.files) * 0.002, 1),
+                # vector blob + FAISS copy (4 B x dim each), text in the table and in FTS5 (~2x), row overhead
+                estimated_disk_bytes=int(n * (8 * dim + 200) + 2.2 * text_bytes),
+                embed_rate_chunks_per_s=round(rate, 1),
+                rate_source=src,
+            ),
+        )
+
+    # --- querying -------------------------------------------------------------------------------
+    def _faiss_index(self, name: str, store: IndexStore) -> Any:
+        meta = store.meta()
+        gen = int(meta.get("generation", 0))
+        cached = self._faiss.get(name)
+        if cached and cached[0] == gen:
+            return cached[1]
+        faiss_file = meta.get("faiss_file")
+        path = store.dir / faiss_file if faiss_file else None
+        if path is None or not path.is_file():
+            ids, blob = store.all_vectors(store.connect())  # self-heal from the vectors in SQLite
+            index = vectors.build(
+                ids, blob, int(meta.get("dim") or self.embedder.dimension()), self.settings.search_ann_threshold
+            )
+        else:
+            index = vectors.load(path.read_bytes())
+        self._faiss[name] = (gen, index)
+        return index
+
+    def search(
+        self,
+        query: str,
+        name: str | None,
+        k: int,
+        offset: int,
+        path_glob: str | None,
+        language: str | None,
+        mode: str,
+        snippet_chars: int,
+    ) -> SearchResults:
+        if not query.strip():
+            raise InvalidInputError("query is empty; describe the code or name an identifier")
+        name = self.resolve_name(name)
+        store = self.store(name)
+        meta = store.meta()
+        if not meta.get("generation"):
+            job = self._jobs.get(name)
+            state = job.message() if job and job.finished is None else "not built"
+            raise NotFoundError(f"index '{name}' has no committed data yet ({state}); poll search_list")
+        if meta.get("model") != str(self.embedder.model_path) and mode != "lexical":
+            raise InvalidInputError(
+                f"index '{name}' was built with {meta.get('model')} but the server uses {self.embedder.model_path}; "
+                "use mode='lexical', or search_drop and re-index"
+            )
+        index = self._faiss_index(name, store) if mode != "lexical" else None
+        qvec = self.embedder.encode([query])[0] if mode != "lexical" else None
+        n = offset + k
+        ranked = hybrid(store, index, qvec, query, mode, max(n, 50), path_glob, language)
+        page = ranked[offset:n]
+        rows = store.chunks([r.id for r in page])
+        hits = []
+        for r in page:
+            c = rows.get(r.id)
+            if c is None:
+                continue
+            text, cut = snippet(c.text, query, snippet_chars)
+            hits.append(
+                SearchHit(
+                    path=c.path,
+                    start_line=c.start_line,
+                    end_line=c.end_line,
+                    symbol=c.symbol,
+                    kind=c.kind,
+                    language=c.language,
+                    score=round(r.score, 5),
+                    snippet=text,
+                    snippet_truncated=cut,
+                    matched_by=r.sources,
+                )
+            )
+        return SearchResults(
+            index=name,
+            query=query,
+            mode=mode,
+            hits=hits,
+            offset=offset,
+            next_offset=n if len(ranked) > n else None,
+            candidates=len(ranked),
+        )
+
+    # --- listing and dropping -------------------------------------------------------------------
+    def info(self, name: str) -> IndexInfo:
+        job = self._jobs.get(name)
+        running = job is not None and job.finished is None
+        if name not in self.names():
+            if job is None:
+                raise UnknownNameError("index", name, self.names())
+            return IndexInfo(
+                name=name,
+                root=None,
+                files=0,
+                chunks=0,
+                model=None,
+                dim=None,
+                size_bytes=0,
+                last_indexed=None,
+                state="indexing" if running else "failed",
+                progress=progress_model(job),
+                error=job.error,
+            )
+        store = self.store(name)
+        meta = store.meta()
+        files, chunks = store.counts()
+        state = (
+            "indexing"
+            if running
+            else ("failed" if job and job.error else ("ready" if meta.get("generation") else "empty"))
+        )
+        updated = meta.get("updated")
+        return IndexInfo(
+            name=name,
+            root=meta.get("root"),
+            files=files,
+            chunks=chunks,
+            model=meta.get("model"),
+            dim=meta.get("dim"),
+            size_bytes=store.size_bytes(),
+            state=state,
+            last_indexed=datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds") if updated else None,
+            progress=progress_model(job) if job else None,
+            error=job.error if job else None,
+        )
+
+    def list(self) -> IndexList:
+        names = sorted(set(self.names()) | set(self._jobs))
+        return IndexList(indexes=[self.info(n) for n in names])
+
+    def drop(self, name: str) -> DropResult:
+        if name not in self.names():
+            raise UnknownNameError("index", name, self.names())
+        with self._lock:
+            ensure_not_running(self._jobs.get(name), name)
+            store = self._stores.pop(name, None)
+            self._faiss.pop(name, None)
+            self._jobs.pop(name, None)
+        size = (store or IndexStore(self.base / name)).size_bytes()
+        if store:
+            store.close()
+        shutil.rmtree(self.base / name)
+        return DropResult(name=name, dropped=True, freed_bytes=size)
+
+    def close(self) -> None:
+        for job in self._jobs.values():
+            job.cancel.set()
+        for st in self._stores.values():
+            st.close()

@@ -1,0 +1,191 @@
+"""One index on disk: SQLite (files, chunks with their vectors, FTS5) + a FAISS file derived from the vectors.
+
+Crash safety: chunks, vectors and the pointer to the FAISS file change in one SQLite transaction. The new FAISS
+file is written (fsync, rename) before that transaction commits and the old one is deleted after, so a crash at
+any point leaves the committed pointer naming a complete file; stray files are swept on the next open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    path TEXT PRIMARY KEY, hash TEXT NOT NULL, size INTEGER NOT NULL, language TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL, start_line INTEGER NOT NULL, end_line INTEGER NOT NULL,
+    symbol TEXT, kind TEXT NOT NULL, language TEXT NOT NULL,
+    text TEXT NOT NULL, text_hash TEXT NOT NULL, vector BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_path ON chunks (path);
+CREATE INDEX IF NOT EXISTS chunks_hash ON chunks (text_hash);
+CREATE INDEX IF NOT EXISTS chunks_symbol ON chunks (symbol);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(symbol, path, text, idents, tokenize = 'unicode61');
+"""
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+def split_identifiers(text: str) -> str:
+    """parseConfigFile / parse_config_file -> 'parse config file' so either spelling matches lexically."""
+    parts: list[str] = []
+    for ident in set(IDENT.findall(text)):
+        if "_" in ident or any(c.isupper() for c in ident[1:]):
+            parts.extend(p.lower() for piece in ident.split("_") for p in CAMEL.findall(piece))
+    return " ".join(parts)
+
+
+@dataclass
+class ChunkRow:
+    id: int
+    path: str
+    start_line: int
+    end_line: int
+    symbol: str | None
+    kind: str
+    language: str
+    text: str
+
+
+class IndexStore:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db_path = directory / "index.sqlite"
+        self._local = threading.local()
+        with self.connect() as db:
+            db.executescript(SCHEMA)
+        self.sweep()
+
+    # --- connections ----------------------------------------------------------------------------
+    def connect(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=True)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self.connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # --- meta -----------------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        rows = self.connect().execute("SELECT key, value FROM meta").fetchall()
+        return {k: json.loads(v) for k, v in rows}
+
+    @staticmethod
+    def set_meta(db: sqlite3.Connection, **values: Any) -> None:
+        db.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [(k, json.dumps(v)) for k, v in values.items()],
+        )
+
+    # --- files and chunks -----------------------------------------------------------------------
+    def file_hashes(self) -> dict[str, str]:
+        return dict(self.connect().execute("SELECT path, hash FROM files").fetchall())
+
+    def vectors_by_hash(self, hashes: list[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        db = self.connect()
+        for i in range(0, len(hashes), 500):
+            part = hashes[i : i + 500]
+            q = f"SELECT text_hash, vector FROM chunks WHERE text_hash IN ({','.join('?' * len(part))})"
+            out.update(db.execute(q, part).fetchall())
+        return out
+
+    @staticmethod
+    def delete_paths(db: sqlite3.Connection, paths: list[str]) -> None:
+        for p in paths:
+            ids = [r[0] for r in db.execute("SELECT id FROM chunks WHERE path = ?", (p,))]
+            db.executemany("DELETE FROM chunks_fts WHERE rowid = ?", [(i,) for i in ids])
+            db.execute("DELETE FROM chunks WHERE path = ?", (p,))
+            db.execute("DELETE FROM files WHERE path = ?", (p,))
+
+    @staticmethod
+    def insert_chunks(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        """rows: (path, start, end, symbol, kind, language, text, text_hash, vector_bytes)."""
+        for r in rows:
+            cur = db.execute(
+                "INSERT INTO chunks (path, start_line, end_line, symbol, kind, language, text, text_hash, vector) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                r,
+            )
+            db.execute(
+                "INSERT INTO chunks_fts (rowid, symbol, path, text, idents) VALUES (?, ?, ?, ?, ?)",
+                (cur.lastrowid, r[3] or "", r[0], r[6], split_identifiers(r[6] + " " + (r[3] or ""))),
+            )
+
+    def counts(self) -> tuple[int, int]:
+        db = self.connect()
+        return (
+            db.execute("SELECT COUNT(*) FROM files").fetchone()[0],
+            db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0],
+        )
+
+    def chunks(self, ids: list[int]) -> dict[int, ChunkRow]:
+        if not ids:
+            return {}
+        q = (
+            "SELECT id, path, start_line, end_line, symbol, kind, language, text FROM chunks "
+            f"WHERE id IN ({','.join('?' * len(ids))})"
+        )
+        return {r[0]: ChunkRow(*r) for r in self.connect().execute(q, ids).fetchall()}
+
+    def all_vectors(self, db: sqlite3.Connection) -> tuple[list[int], bytes]:
+        ids, blobs = [], []
+        for i, v in db.execute("SELECT id, vector FROM chunks ORDER BY id"):
+            ids.append(i)
+            blobs.append(v)
+        return ids, b"".join(blobs)
+
+    # --- faiss files ----------------------------------------------------------------------------
+    def faiss_path(self, generation: int) -> Path:
+        return self.dir / f"vectors.{generation}.faiss"
+
+    def sweep(self) -> None:
+        """Delete FAISS files the committed meta does not point to (left by a crash or a finished swap)."""
+        current = self.meta().get("faiss_file")
+        for f in self.dir.glob("vectors.*.faiss*"):
+            if f.name != current:
+                f.unlink(missing_ok=True)
+
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.dir.iterdir() if f.is_file())
+
+
+def fsync_write(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
