@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.resources import estimate, gpu, search
+from gpubox.resources import estimate, gpu, inference, search
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu, estimate, search):
+    for module in (gpu, estimate, search, inference):
         module.register(mcp)

@@ -132,6 +132,19 @@ class Settings(BaseSettings):
     )
     search_embed_batch: int = Field(default=32, ge=1, le=4096, description="Embedding batch size.")
 
+    # --- inference -----------------------------------------------------------------------------
+    infer_max_resident: int = Field(default=2, ge=1, le=64, description="Models kept loaded at once (LRU eviction).")
+    infer_memory_budget_gb: float | None = Field(
+        default=None, gt=0, le=4096, description="Memory all resident models may use; loading more evicts the LRU."
+    )
+    infer_keep_alive_seconds: float = Field(
+        default=300.0, ge=0, le=604_800, description="Idle time before a model unloads itself; 0 pins models."
+    )
+    infer_context_length: int = Field(
+        default=4096, ge=128, le=1_048_576, description="Default context when loading (capped at the model's)."
+    )
+    infer_threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads for llama.cpp (auto).")
+
     @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:

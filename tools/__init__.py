@@ -7,6 +7,6 @@ from types import ModuleType
 
 def families() -> tuple[ModuleType, ...]:
     """Every family module, each exposing `register(mcp)`. Importing them loads no heavy library."""
-    from gpubox.tools import estimate, gpu, search
+    from gpubox.tools import estimate, gpu, inference, search
 
-    return (gpu, estimate, search)
+    return (gpu, estimate, search, inference)

@@ -303,7 +303,7 @@ class Estimator:
     def record_inference(
         self,
         gpu: str,
-        model: str,
+        model: str | ResolvedModel,
         weight_format: str | None,
         decode_tokens_per_s: float,
         prefill_tokens_per_s: float | None = None,
@@ -313,8 +313,9 @@ class Estimator:
         note: str | None = None,
         config: dict[str, object] | None = None,
     ) -> Measurement:
-        """Store a measured inference run; on a catalogued GPU derive the decode efficiency from it."""
-        rm = self.model(model)
+        """Store a measured inference run; on a catalogued GPU derive the decode efficiency from it. `model` may be
+        already resolved (a served model file, which need not lie in the allowed roots)."""
+        rm = model if isinstance(model, ResolvedModel) else self.model(model)
         fmt = normalise_format(weight_format or rm.weight_format or "bf16")
         eff = None
         gpu_id = gpu

@@ -1,0 +1,300 @@
+"""Generation backends: llama.cpp for GGUF, transformers for HF folders (and GGUF, dequantised).
+
+Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy imports happen in the loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.extras import require
+
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
+
+
+@dataclass
+class GenParams:
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    repeat_penalty: float = 1.1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+@dataclass
+class GenOutput:
+    text: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    prefill_tps: float | None
+    decode_tps: float | None
+    total_s: float
+
+
+def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int) -> CapacityError:
+    return CapacityError(
+        f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
+        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} > {n_ctx}). Shorten "
+        f"the prompt, lower max_tokens, or reload with infer_load context_length={prompt_tokens + max_tokens}."
+    )
+
+
+class LlamaBackend:
+    name: Literal["llama.cpp"] = "llama.cpp"
+
+    def __init__(
+        self,
+        path: Path,
+        n_ctx: int,
+        n_gpu_layers: int,
+        kv_cache_type: str,
+        n_threads: int | None,
+        lora_path: Path | None = None,
+    ) -> None:
+        require("llama_cpp", "llama", "The llama.cpp backend")
+        from llama_cpp import Llama
+
+        kv = KV_TYPES[kv_cache_type]
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_gpu_layers=n_gpu_layers,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            type_k=kv,
+            type_v=kv,
+            flash_attn=kv_cache_type != "f16",  # llama.cpp needs flash attention for a quantised V cache
+            lora_path=str(lora_path) if lora_path else None,
+            verbose=False,
+        )
+        self.n_ctx = n_ctx
+
+    def count(self, text: str) -> int:
+        return len(self.llm.tokenize(text.encode(), add_bos=True, special=True))
+
+    def generate(
+        self,
+        messages: list[dict[str, str]] | None,
+        prompt: str | None,
+        p: GenParams,
+        on_text: Callable[[str], None],
+        cancel: threading.Event,
+    ) -> GenOutput:
+        import llama_cpp
+
+        if prompt is not None:
+            n_prompt = self.count(prompt)
+            if n_prompt + p.max_tokens > self.n_ctx:
+                raise context_error(n_prompt, p.max_tokens, self.n_ctx)
+        kwargs: dict[str, Any] = {
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+            "repeat_penalty": p.repeat_penalty,
+            "stop": p.stop or None,
+            "seed": p.seed,
+            "stream": True,
+        }
+        if p.json_schema is not None:
+            try:
+                kwargs["grammar"] = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(p.json_schema), verbose=False)
+            except Exception as exc:
+                raise InvalidInputError(f"json_schema could not be turned into a grammar: {exc}") from exc
+        llama_cpp.llama_perf_context_reset(self.llm.ctx)
+        t0 = time.perf_counter()
+        first: float | None = None
+        parts: list[str] = []
+        finish: Literal["stop", "length", "cancelled"] = "length"
+        try:
+            stream = (
+                self.llm.create_chat_completion(messages=messages, **kwargs)  # type: ignore[arg-type]
+                if messages is not None
+                else self.llm.create_completion(prompt or "", **kwargs)
+            )
+            for chunk in stream:  # type: ignore[union-attr]
+                choice: dict[str, Any] = chunk["choices"][0]  # type: ignore[index,assignment]
+                text = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                if text:
+                    if first is None:
+                        first = time.perf_counter()
+                    parts.append(text)
+                    on_text(text)
+                if choice.get("finish_reason"):
+                    finish = "stop" if choice["finish_reason"] == "stop" else "length"
+                if cancel.is_set():
+                    finish = "cancelled"
+                    break
+        except ValueError as exc:
+            m = re.search(r"Requested tokens \((\d+)\) exceed context window of (\d+)", str(exc))
+            if m:
+                raise context_error(int(m.group(1)), p.max_tokens, int(m.group(2))) from exc
+            raise
+        total = time.perf_counter() - t0
+        perf = llama_cpp.llama_perf_context(self.llm.ctx)
+        n_p, n_e = int(perf.n_p_eval), int(perf.n_eval)
+        return GenOutput(
+            text="".join(parts),
+            finish_reason=finish,
+            prompt_tokens=n_p,
+            completion_tokens=n_e,
+            ttft_s=(first - t0) if first else None,
+            prefill_tps=n_p / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None,
+            decode_tps=n_e / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and n_e else None,
+            total_s=total,
+        )
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class TransformersBackend:
+    name: Literal["transformers"] = "transformers"
+
+    def __init__(self, path: Path, quantization: str | None, adapter: Path | None, n_ctx: int) -> None:
+        require("transformers", "hf", "The transformers backend")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if self.device == "cuda" else torch.float32}
+        if path.suffix == ".gguf":
+            if quantization:
+                raise InvalidInputError("4/8-bit quantisation needs an HF folder, not a GGUF file (transformers limit)")
+            from transformers import GgufConfig
+
+            src, kwargs["gguf_file"] = str(path.parent), path.name
+            # dequantise: a GGUF-quantised model cannot be trained or saved (transformers 5.x)
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=path.name)
+        else:
+            src = str(path)
+            self.tokenizer = AutoTokenizer.from_pretrained(src)
+            if quantization:
+                require("bitsandbytes", "train", "4/8-bit loading")
+                from transformers import BitsAndBytesConfig
+
+                kwargs["quantization_config"] = (
+                    BitsAndBytesConfig(
+                        load_in_4bit=True,
+                        bnb_4bit_quant_type="nf4",
+                        bnb_4bit_use_double_quant=True,
+                        bnb_4bit_compute_dtype=kwargs["dtype"],
+                    )
+                    if quantization == "4bit"
+                    else BitsAndBytesConfig(load_in_8bit=True)
+                )
+        if self.device == "cuda":
+            kwargs["device_map"] = "auto"
+        model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+        if adapter is not None:
+            require("peft", "train", "LoRA adapters")
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter))
+        model.eval()
+        self.model: Any = model
+        self.n_ctx = n_ctx
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
+    def generate(
+        self,
+        messages: list[dict[str, str]] | None,
+        prompt: str | None,
+        p: GenParams,
+        on_text: Callable[[str], None],
+        cancel: threading.Event,
+    ) -> GenOutput:
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        if p.json_schema is not None:
+            raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
+        if messages is not None:
+            if not self.tokenizer.chat_template:
+                raise InvalidInputError("this model has no chat template; use infer_complete with a raw prompt")
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = prompt or ""
+        inputs = self.tokenizer(text, return_tensors="pt").to(self.model.device)
+        n_prompt = int(inputs["input_ids"].shape[1])
+        if n_prompt + p.max_tokens > self.n_ctx:
+            raise context_error(n_prompt, p.max_tokens, self.n_ctx)
+
+        class Cancelled(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+                return cancel.is_set()
+
+        if p.seed is not None:
+            torch.manual_seed(p.seed)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        gen_kwargs: dict[str, Any] = {
+            **inputs,
+            "max_new_tokens": p.max_tokens,
+            "streamer": streamer,
+            "do_sample": p.temperature > 0,
+            "repetition_penalty": p.repeat_penalty,
+            "stopping_criteria": StoppingCriteriaList([Cancelled()]),
+            "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        }
+        if p.temperature > 0:
+            gen_kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k)
+        if p.stop:
+            gen_kwargs.update(stop_strings=p.stop, tokenizer=self.tokenizer)
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            with torch.inference_mode():
+                out["ids"] = self.model.generate(**gen_kwargs)
+
+        t0 = time.perf_counter()
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        first: float | None = None
+        parts: list[str] = []
+        for piece in streamer:
+            if piece:
+                if first is None:
+                    first = time.perf_counter()
+                parts.append(piece)
+                on_text(piece)
+        worker.join()
+        total = time.perf_counter() - t0
+        n_new = int(out["ids"].shape[1]) - n_prompt if "ids" in out else 0
+        text_out = "".join(parts)
+        finish = "cancelled" if cancel.is_set() else ("length" if n_new >= p.max_tokens else "stop")
+        for s in p.stop:  # transformers keeps the stop string; llama.cpp drops it
+            if finish == "stop" and s in text_out:
+                text_out = text_out[: text_out.index(s)]
+        decode_s = total - ((first - t0) if first else 0)
+        return GenOutput(
+            text=text_out,
+            finish_reason=finish,
+            prompt_tokens=n_prompt,
+            completion_tokens=n_new,
+            ttft_s=(first - t0) if first else None,
+            prefill_tps=n_prompt / (first - t0) if first else None,
+            decode_tps=(n_new - 1) / decode_s if n_new > 1 and decode_s > 0 else None,
+            total_s=total,
+        )
+
+    def close(self) -> None:
+        del self.model
+        import gc
+
+        gc.collect()

@@ -1,0 +1,102 @@
+"""Pydantic outputs of the inference family."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class LoadedInfo(BaseModel):
+    backend: Literal["llama.cpp", "transformers"]
+    device: str = Field(description="cpu, cuda, or 'cuda (N/M layers)' for a partial offload")
+    n_gpu_layers: int
+    context_length: int
+    memory_gb: float = Field(description="Estimated resident memory of the weights + KV cache")
+    loaded_at: str
+    last_used: str
+    keep_alive_s: float = Field(description="Idle seconds before automatic unload; 0 = pinned")
+    adapter: str | None = None
+
+
+class ModelEntry(BaseModel):
+    name: str
+    path: str
+    format: Literal["gguf", "hf", "lora"]
+    architecture: str | None
+    params: int | None
+    quantization: str | None
+    context_length: int | None
+    size_bytes: int
+    chat_template: bool
+    base_model: str | None = Field(None, description="For LoRA adapters: the base model they apply to")
+    bundled: bool = False
+    loaded: LoadedInfo | None = None
+
+
+class ModelList(BaseModel):
+    models: list[ModelEntry]
+    resident_limit: int
+    memory_budget_gb: float | None
+
+
+class LoadPlan(BaseModel):
+    backend: Literal["llama.cpp", "transformers"]
+    device: str
+    n_gpu_layers: int
+    context_length: int
+    kv_cache_type: str
+    free_vram_gb: float | None
+    estimated_memory_gb: float
+    fits: bool
+    reason: str = Field(description="Why this plan: the estimator's fit on free VRAM, or CPU")
+
+
+class LoadResult(BaseModel):
+    model: ModelEntry
+    plan: LoadPlan
+    evicted: list[str] = Field(default_factory=list)
+    load_seconds: float
+
+
+class UnloadResult(BaseModel):
+    name: str
+    unloaded: bool
+
+
+class GenerationResult(BaseModel):
+    model: str
+    text: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token_s: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    total_seconds: float
+    parsed_json: object | None = Field(default=None, description="Parsed output when a JSON schema was given")
+
+
+class BenchmarkResult(BaseModel):
+    model: str
+    backend: str
+    device: str
+    requests: int
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    time_to_first_token_s_p50: float
+    latency_s_p50: float
+    latency_s_p95: float
+    latency_s_p99: float
+    requests_per_s: float
+    peak_memory_gb: float
+    bandwidth_share: float | None = Field(None, description="On a GPU: decode bytes/s over the bandwidth ceiling")
+    calibration_id: int | None = Field(None, description="Row stored for the estimator (estimate_calibrations)")
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1_000_000)

@@ -1,0 +1,179 @@
+"""Generation with streaming progress and prompt cancellation; the benchmark that feeds the estimator."""
+
+from __future__ import annotations
+
+import json
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import psutil
+
+from gpubox.errors import InvalidInputError
+from gpubox.tools.inference.backends import GenOutput, GenParams
+from gpubox.tools.inference.manager import ModelManager, Resident
+from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
+
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+FILLER = "The quick brown fox jumps over the lazy dog while the GPU box answers questions about code. "
+
+
+async def generate(
+    mgr: ModelManager,
+    model: str | None,
+    messages: list[dict[str, str]] | None,
+    prompt: str | None,
+    params: GenParams,
+    report: Progress | None,
+) -> GenerationResult:
+    """Run one request in a worker thread; stream text as progress; stop the model when the caller cancels."""
+    r: Resident = await anyio.to_thread.run_sync(mgr.acquire, model)
+    pieces: queue.SimpleQueue[str] = queue.SimpleQueue()
+    cancel = threading.Event()
+    box: dict[str, Any] = {}
+    done = anyio.Event()
+
+    def work() -> GenOutput:
+        with r.lock:  # one request at a time per model; other models and tools keep running
+            return r.backend.generate(messages, prompt, params, pieces.put, cancel)
+
+    async def runner() -> None:
+        try:
+            box["out"] = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except Exception as exc:  # re-raised below, outside the task group
+            box["err"] = exc
+        finally:
+            done.set()
+
+    streamed = 0
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            while not done.is_set():
+                with anyio.move_on_after(0.1):
+                    await done.wait()
+                text = "".join(iter_queue(pieces))
+                if text and report is not None:
+                    streamed += 1
+                    await report(float(streamed), float(params.max_tokens), text)
+    finally:
+        cancel.set()  # a cancelled call stops the model at its next token
+        mgr.release(r)
+    if "err" in box:
+        raise box["err"]
+    out: GenOutput = box["out"]
+    parsed = None
+    if params.json_schema is not None and out.finish_reason == "stop":
+        try:
+            parsed = json.loads(out.text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"the model's output is not valid JSON ({exc}); raise max_tokens") from exc
+    return GenerationResult(
+        model=r.name,
+        text=out.text,
+        finish_reason=out.finish_reason,
+        prompt_tokens=out.prompt_tokens,  # type: ignore[arg-type]
+        completion_tokens=out.completion_tokens,
+        time_to_first_token_s=_r(out.ttft_s),
+        prefill_tokens_per_s=_r(out.prefill_tps),
+        decode_tokens_per_s=_r(out.decode_tps),
+        total_seconds=round(out.total_s, 4),
+        parsed_json=parsed,
+    )
+
+
+def iter_queue(q: queue.SimpleQueue[str]) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def _r(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+async def benchmark(
+    mgr: ModelManager,
+    model: str | None,
+    requests: int,
+    concurrency: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    record: Callable[[Resident, float, float, float], tuple[int, float | None] | None],
+    report: Progress | None,
+) -> BenchmarkResult:
+    r = await anyio.to_thread.run_sync(mgr.acquire, model)
+    try:
+        words = FILLER * (prompt_tokens // 10 + 2)
+        # trim the filler to the requested prompt length in tokens (tokenisers differ)
+        while r.backend.count(words) > prompt_tokens and len(words) > 20:
+            words = words[: int(len(words) * 0.9)]
+    finally:
+        mgr.release(r)
+    params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
+    results: list[GenerationResult] = []
+    latencies: list[float] = []
+    limiter = anyio.CapacityLimiter(concurrency)
+    peak = psutil.Process().memory_info().rss
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        nonlocal peak
+        async with limiter:
+            start = time.perf_counter()
+            res = await generate(mgr, r.name, None, f"{i}. {words}", params, None)
+            latencies.append(time.perf_counter() - start)
+            results.append(res)
+            peak = max(peak, psutil.Process().memory_info().rss)
+            if report is not None:
+                await report(float(len(results)), float(requests), f"request {len(results)}/{requests}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(requests):
+            tg.start_soon(one, i)
+    wall = time.perf_counter() - t0
+    prefill = statistics.mean([x.prefill_tokens_per_s for x in results if x.prefill_tokens_per_s] or [0.0])
+    decode = statistics.mean([x.decode_tokens_per_s for x in results if x.decode_tokens_per_s] or [0.0])
+    ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
+    peak_gb = peak / 1e9
+    share = None
+    if r.plan.device.startswith("cuda"):
+        from gpubox.tools.gpu.nvml import gpu_status
+
+        st = gpu_status()
+        if st.gpus:
+            peak_gb = max(peak_gb, st.gpus[0].memory_used_mib * 2**20 / 1e9)
+    calib = record(r, decode, prefill, peak_gb)
+    if r.plan.device.startswith("cuda") and calib is not None:
+        share = calib[1]  # decode efficiency = achieved bytes/s over the GPU's bandwidth
+    return BenchmarkResult(
+        model=r.name,
+        backend=r.backend.name,
+        device=r.plan.device,
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=results[0].prompt_tokens if results else 0,
+        max_tokens=max_tokens,
+        prefill_tokens_per_s=round(prefill, 2),
+        decode_tokens_per_s=round(decode, 2),
+        time_to_first_token_s_p50=round(statistics.median(ttft), 4) if ttft else 0.0,
+        latency_s_p50=round(pct(latencies, 0.5), 4),
+        latency_s_p95=round(pct(latencies, 0.95), 4),
+        latency_s_p99=round(pct(latencies, 0.99), 4),
+        requests_per_s=round(requests / wall, 3),
+        peak_memory_gb=round(peak_gb, 3),
+        bandwidth_share=share,
+        calibration_id=calib[0] if calib else None,
+    )
