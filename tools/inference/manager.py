@@ -247,7 +247,13 @@ class ModelManager:
             if chosen == "llama.cpp":
                 lora = adapter_d.path / "adapter.gguf" if adapter_d else None
                 be: Backend = LlamaBackend(
-                    d.path, plan.context_length, plan.n_gpu_layers, kv_cache_type, self.settings.infer_threads, lora
+                    d.path,
+                    plan.context_length,
+                    plan.n_gpu_layers,
+                    kv_cache_type,
+                    # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
+                    self.settings.infer_threads or psutil.cpu_count(logical=False) or 1,
+                    lora,
                 )
             else:
                 be = TransformersBackend(
