@@ -25,7 +25,6 @@ PROMPT = "Write a detailed story about a lighthouse keeper who discovers a messa
 
 def direct(path: Path, reps: int, max_tokens: int, n_ctx: int) -> tuple[list[float], list[float]]:
     import llama_cpp
-
     import psutil
 
     threads = psutil.cpu_count(logical=False) or 1  # what gpubox uses by default
