@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One call on a lent H100/H200 box: wheels that box lacks travel in .whl/ (see README, Development).
+# Runs the GPU-marked tests (NVML, llama.cpp CUDA offload when a CUDA build of llama-cpp-python is carried)
+# and bench/gpu_checks.py, whose figures land in $OUT (or bench/results/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$(pwd)/.gpubox-src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# the package is not installed there: expose server/, tools/, ... as `gpubox` through a symlinked tree
+mkdir -p .gpubox-src/gpubox
+for d in server/*.py; do ln -sf "$(pwd)/$d" .gpubox-src/gpubox/; done
+for d in tools resources prompts; do ln -sfn "$(pwd)/$d" ".gpubox-src/gpubox/$d"; done
+export PYTHONPATH="$(pwd)/.gpubox-src${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi || true
+python3 bench/gpu_checks.py
+python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
