@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,31 @@ async def test_llama_cpp_offloads_every_layer_to_the_gpu(env: Any) -> None:
         assert loaded["plan"]["device"] == "cuda" and loaded["plan"]["n_gpu_layers"] == -1
         out = await ok(client, "infer_complete", prompt="The capital of France is", max_tokens=8, temperature=0)
         assert out["decode_tokens_per_s"] > 100
+
+
+async def test_a_lora_adapter_loads_onto_its_base_model(env: Any) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    models: Path = env[1] / "models"
+    gguf = models / "smollm2-copy.gguf"
+    base = AutoModelForCausalLM.from_pretrained(
+        str(models), gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    adapter_dir = models / "my-adapter"
+    peft_model = get_peft_model(base, cfg)
+    peft_model.peft_config["default"].base_model_name_or_path = "smollm2-copy"  # the registry name of its base
+    with warnings.catch_warnings():  # peft looks the base name up on a hub to check the vocabulary
+        warnings.simplefilter("ignore")
+        peft_model.save_pretrained(str(adapter_dir))
+    del base, peft_model
+    async with Client(env[0]) as client:
+        listed = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
+        assert listed["my-adapter"]["format"] == "lora" and listed["my-adapter"]["base_model"] == "smollm2-copy"
+        loaded = await ok(client, "infer_load", name="my-adapter", context_length=256)
+        assert loaded["plan"]["backend"] == "transformers" and loaded["model"]["loaded"]["adapter"] == "my-adapter"
+        out = await ok(client, "infer_complete", model="my-adapter", prompt="The capital of France is", max_tokens=4)
+        assert out["completion_tokens"] > 0
+        await ok(client, "infer_unload", name="my-adapter")

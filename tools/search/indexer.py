@@ -75,7 +75,7 @@ def run_index(
     options: WalkOptions,
     progress: Progress,
     ann_threshold: int,
-    batch: int = 64,
+    batch: int = 256,
 ) -> IndexReport:
     t0 = time.perf_counter()
     meta = store.meta()
@@ -122,6 +122,8 @@ def run_index(
     hashes = [sha(embed_text(p, c).encode()) for p, _, c in new_chunks]
     have = store.vectors_by_hash(list(set(hashes)))
     todo = sorted({h: i for i, h in enumerate(hashes) if h not in have}.values())
+    # similar lengths in one batch: less padding, the same order sentence-transformers uses within a call
+    todo.sort(key=lambda j: len(new_chunks[j][2].text))
     progress.phase = "embedding"
     progress.chunks_to_embed = len(todo)
     fresh: dict[str, bytes] = {}
