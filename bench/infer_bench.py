@@ -6,8 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +37,9 @@ def direct(path: Path, reps: int, max_tokens: int, n_ctx: int) -> tuple[list[flo
     for _ in range(reps):
         llama_cpp.llama_perf_context_reset(llm.ctx)
         llm.reset()  # no prompt cache: both sides prefill the whole prompt
-        for _chunk in llm.create_completion(PROMPT, max_tokens=max_tokens, temperature=0, stream=True):
+        for _chunk in llm.create_completion(
+            PROMPT, max_tokens=max_tokens, temperature=0, repeat_penalty=1.1, stream=True
+        ):
             pass
         perf = llama_cpp.llama_perf_context(llm.ctx)
         pre.append(perf.n_p_eval / (perf.t_p_eval_ms / 1000))
@@ -76,15 +81,41 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--part", choices=["direct", "mcp"], help=argparse.SUPPRESS)
     ns = ap.parse_args()
+    if ns.part:  # one side per process: OpenMP thread teams must not leak from one side into the other
+        fn = direct if ns.part == "direct" else via_mcp
+        print(json.dumps(fn(ns.model, ns.reps, ns.max_tokens, ns.ctx)))
+        return
     t = time.strftime("%Y-%m-%d")
-    d_pre, d_dec = direct(ns.model, ns.reps, ns.max_tokens, ns.ctx)
-    m_pre, m_dec = via_mcp(ns.model, ns.reps, ns.max_tokens, ns.ctx)
+
+    def part(name: str) -> tuple[list[float], list[float]]:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--part",
+            name,
+            "--model",
+            str(ns.model),
+            "--reps",
+            str(ns.reps),
+            "--max-tokens",
+            str(ns.max_tokens),
+            "--ctx",
+            str(ns.ctx),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        pre, dec = json.loads(out)
+        return pre, dec
+
+    d_pre, d_dec = part("direct")
+    m_pre, m_dec = part("mcp")
     med = statistics.median
     lines = [
         f"# Inference through MCP vs direct llama-cpp-python ({ns.model.name}, {os.cpu_count()} CPU cores, {t})",
         "",
-        f"{ns.reps} runs each, greedy, {ns.max_tokens} new tokens, n_ctx {ns.ctx}, same process settings.",
+        f"{ns.reps} runs each, greedy, {ns.max_tokens} new tokens, n_ctx {ns.ctx}, same llama.cpp settings, each "
+        "side in a fresh process.",
         "",
         "| | direct median tok/s | gpubox infer_complete median tok/s | gpubox / direct |",
         "|---|---|---|---|",
