@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,25 +77,38 @@ def symbols(store: IndexStore, text: str, allowed: set[int] | None) -> list[int]
     return list(dict.fromkeys(out))
 
 
+_LEXICAL_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpubox-lexical")
+
+
 def hybrid(
     store: IndexStore,
     index: Any,
-    query_vec: Any | None,
+    embed: Callable[[], Any] | None,
     text: str,
     mode: str,
     n: int,
     path_glob: str | None,
     language: str | None,
 ) -> list[Ranked]:
+    """`embed` computes the query vector; it runs while SQLite answers the lexical side on another thread
+    (torch, FAISS and SQLite all release the GIL, so the two legs overlap on two cores)."""
     allowed_list = _allowed(store, path_glob, language)
     allowed = set(allowed_list) if allowed_list is not None else None
+
+    def lexical_side() -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        if mode in ("hybrid", "lexical"):
+            out["lexical"] = lexical(store, text, n, allowed)
+        if mode == "hybrid":
+            out["symbol"] = [(i, 1.0) for i in symbols(store, text, allowed)][:n]
+        return out
+
+    pending = _LEXICAL_POOL.submit(lexical_side) if mode != "vector" else None
     lists: dict[str, list[tuple[int, float]]] = {}
-    if mode in ("hybrid", "vector") and query_vec is not None:
-        lists["vector"] = vectors.search(index, query_vec, n, allowed_list)
-    if mode in ("hybrid", "lexical"):
-        lists["lexical"] = lexical(store, text, n, allowed)
-    if mode == "hybrid":
-        lists["symbol"] = [(i, 1.0) for i in symbols(store, text, allowed)][:n]
+    if mode in ("hybrid", "vector") and embed is not None:
+        lists["vector"] = vectors.search(index, embed(), n, allowed_list)
+    if pending is not None:
+        lists.update(pending.result())
     if mode != "hybrid":
         (only,) = lists.values()
         return [Ranked(i, s, [mode]) for i, s in only]

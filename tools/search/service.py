@@ -258,9 +258,9 @@ class SearchService:
                 "use mode='lexical', or search_drop and re-index"
             )
         index = self._faiss_index(name, store) if mode != "lexical" else None
-        qvec = self.embedder.encode([query])[0] if mode != "lexical" else None
+        embed = (lambda: self.embedder.encode([query])[0]) if mode != "lexical" else None
         n = offset + k
-        ranked = hybrid(store, index, qvec, query, mode, max(n, 50), path_glob, language)
+        ranked = hybrid(store, index, embed, query, mode, max(n, 50), path_glob, language)
         page = ranked[offset:n]
         rows = store.chunks([r.id for r in page])
         hits = []
