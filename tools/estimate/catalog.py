@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from gpubox.errors import ConfigError, UnknownNameError
+from gpubox.tools.estimate.schemas import ProviderCost
 
 
 class GpuSpec(BaseModel):
@@ -171,6 +173,20 @@ class Catalog:
 
     def prices_for(self, gpu_id: str) -> list[Price]:
         return sorted((p for p in self.prices if p.gpu == gpu_id), key=lambda p: p.usd_per_hour)
+
+    def costs(self, gpu_id: str, usd: Callable[[float], float]) -> list[ProviderCost]:
+        """One row per provider price of `gpu_id`; `usd(hourly price)` is the cost of the work at that price."""
+        return [
+            ProviderCost(
+                provider=p.provider,
+                usd_per_hour=p.usd_per_hour,
+                spot_usd_per_hour=p.spot_usd_per_hour,
+                price_observed=p.observed,
+                source=p.source,
+                usd=usd(p.usd_per_hour),
+            )
+            for p in self.prices_for(gpu_id)
+        ]
 
 
 @cache

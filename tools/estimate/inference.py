@@ -16,7 +16,6 @@ from gpubox.tools.estimate.schemas import (
     FullContextLine,
     InferenceMemory,
     InferenceOnGpu,
-    ProviderCost,
 )
 
 GB = 1e9
@@ -156,17 +155,7 @@ def estimate_on_gpu(
     if n_layers < shape.layers:  # CPU layers run the prompt at host speed too
         prefill *= max(frac_gpu, 0.05)
 
-    costs = [
-        ProviderCost(
-            provider=p.provider,
-            usd_per_hour=p.usd_per_hour,
-            spot_usd_per_hour=p.spot_usd_per_hour,
-            price_observed=p.observed,
-            source=p.source,
-            usd=round(p.usd_per_hour / (decode * 3600) * 1e6, 4),
-        )
-        for p in catalog.prices_for(gpu.id)
-    ]
+    costs = catalog.costs(gpu.id, lambda hourly: round(hourly / (decode * 3600) * 1e6, 4))
     return InferenceOnGpu(
         gpu=gpu.id,
         gpu_name=gpu.name,

@@ -18,7 +18,6 @@ from gpubox.tools.estimate.schemas import (
     InferenceEstimate,
     Measurement,
     ModelSummary,
-    ProviderCost,
     TrainingEstimate,
 )
 from gpubox.tools.gpu.nvml import gpu_status
@@ -267,17 +266,7 @@ class Estimator:
         for g in self.catalog.gpus.values():
             if name_contains and name_contains.lower() not in (g.id + " " + g.name).lower():
                 continue
-            prices = [
-                ProviderCost(
-                    provider=p.provider,
-                    usd_per_hour=p.usd_per_hour,
-                    spot_usd_per_hour=p.spot_usd_per_hour,
-                    price_observed=p.observed,
-                    source=p.source,
-                    usd=p.usd_per_hour,
-                )
-                for p in self.catalog.prices_for(g.id)
-            ]
+            prices = self.catalog.costs(g.id, lambda hourly: hourly)
             entries.append(
                 GpuEntry(
                     id=g.id,

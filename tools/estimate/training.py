@@ -16,7 +16,7 @@ from typing import Literal
 from gpubox.errors import InvalidInputError
 from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape
-from gpubox.tools.estimate.schemas import BatchCandidate, ProviderCost, TrainingMemory, TrainingOnGpu
+from gpubox.tools.estimate.schemas import BatchCandidate, TrainingMemory, TrainingOnGpu
 
 GB = 1e9
 Method = Literal["full", "lora", "qlora"]
@@ -204,17 +204,7 @@ def plan_on_gpu(
     peak = gpu.bf16_tflops * 1e12  # FP16 tensor rate on GPUs without BF16 (T4, V100): same column
     tps = tokens_per_s_override or mfu * peak * gpu_count / fpt
     hours = dataset_tokens * epochs / (tps * 3600)  # seed 003's formula
-    costs = [
-        ProviderCost(
-            provider=pr.provider,
-            usd_per_hour=pr.usd_per_hour,
-            spot_usd_per_hour=pr.spot_usd_per_hour,
-            price_observed=pr.observed,
-            source=pr.source,
-            usd=round(pr.usd_per_hour * hours * gpu_count, 2),
-        )
-        for pr in catalog.prices_for(gpu.id)
-    ]
+    costs = catalog.costs(gpu.id, lambda hourly: round(hourly * hours * gpu_count, 2))
     return TrainingOnGpu(
         gpu=gpu.id,
         gpu_name=gpu.name,
