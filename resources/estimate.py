@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError
 
 from gpubox.registry import app_state
 from gpubox.tools.estimate import estimator
@@ -23,6 +24,8 @@ def register(mcp: MCPServer[Any]) -> None:
     @mcp.resource("estimate://calibrations/{kind}", name="estimate_calibrations", mime_type="application/json")
     def calibrations(kind: str, ctx: Context) -> str:
         """Measured runs of one kind ('inference', 'training' or 'all') used to calibrate estimates."""
+        if kind not in ("inference", "training", "all"):
+            raise ResourceError(f"unknown kind '{kind}'; use estimate://calibrations/inference, /training or /all")
         est = estimator(app_state(ctx))
         runs = est.store.list(kind=None if kind == "all" else kind)
         return MeasurementList(measurements=runs, database=str(est.store.path)).model_dump_json(indent=2)

@@ -85,6 +85,9 @@ def _call(ns: argparse.Namespace) -> int:
     import anyio
 
     settings = _load_settings(ns)
+    # A one-shot process has no background: search_index must finish before the call returns, or the process
+    # exit would cut the indexing short (the caller can still pass wait_seconds).
+    settings = settings.model_copy(update={"search_index_wait_seconds": 3600.0})
     _setup_logging(settings.log_level if ns.log_level else "WARNING")
     from gpubox.app import build_server, state_of
     from gpubox.calling import call_tool

@@ -160,3 +160,10 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
     assert "measured" in r["mfu_source"]
     res = await client.read_resource("estimate://calibrations/training")
     assert json.loads(res.contents[0].text)["measurements"]  # type: ignore[union-attr]
+
+
+async def test_an_unknown_calibration_kind_is_refused_with_the_valid_ones(client: Client) -> None:
+    from mcp import MCPError
+
+    with pytest.raises(MCPError, match="inference, /training or /all"):
+        await client.read_resource("estimate://calibrations/benchmarks")

@@ -41,6 +41,7 @@ class ResolvedModel:
     path: Path | None = None
     weight_format: str | None = None  # known when read from a GGUF file
     weight_bytes: int | None = None  # exact tensor bytes of a GGUF file
+    chat_template: bool = False  # a GGUF file embeds tokenizer.chat_template
 
 
 def _from_config(cfg: dict[str, Any], name: str) -> ModelShape:
@@ -120,6 +121,7 @@ def read_gguf(path: Path) -> ResolvedModel:
         path=path,
         weight_format=GGUF_FILE_TYPES.get(int(ftype)) if ftype is not None else None,
         weight_bytes=int(sum(int(t.n_bytes) for t in reader.tensors)),
+        chat_template="tokenizer.chat_template" in reader.fields,
     )
 
 

@@ -79,7 +79,7 @@ class ModelManager:
             try:
                 rm = read_gguf(d.path)
                 arch, params, quant, ctx = rm.shape.source, rm.shape.params(), rm.weight_format, rm.shape.max_context
-                template = self._gguf_has_template(d.path)
+                template = rm.chat_template
             except Exception as exc:  # a broken file is listed, not fatal
                 log.warning("cannot read %s: %s", d.path, exc)
         elif d.format == "hf":
@@ -107,12 +107,6 @@ class ModelManager:
             bundled=d.bundled,
             loaded=r.info() if r else None,
         )
-
-    @staticmethod
-    def _gguf_has_template(path: Path) -> bool:
-        from gguf import GGUFReader
-
-        return "tokenizer.chat_template" in GGUFReader(str(path)).fields
 
     def list(self) -> ModelList:
         return ModelList(

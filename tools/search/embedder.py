@@ -40,10 +40,6 @@ class Embedder:
         self._lock = threading.Lock()
         self.device = "cpu"
 
-    @property
-    def name(self) -> str:
-        return self.model_path.name if self.model_path.name != "model" else self.model_path.parent.name
-
     def _load(self) -> Any:
         if self._model is None:
             require("sentence_transformers", "search", "Code search embeddings")

@@ -15,6 +15,7 @@ from typing import Any
 from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.paths import resolve_inside
 from gpubox.settings import Settings
+from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder, default_model_path
@@ -184,9 +185,8 @@ class SearchService:
                 text_bytes += len(c.text)
                 if sha(embed_text(rel, c).encode()) not in known:
                     todo += 1
-        import torch  # the device decides the rate; sentence-transformers needs torch anyway
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # the device decides the rate; NVML answers without importing torch (a dry run embeds nothing)
+        device = "cuda" if gpu_status().available else "cpu"
         rate, src = DEFAULT_RATE[device], f"default for {device} (all-MiniLM-L6-v2)"
         if meta.get("embed_chunks_per_s") and meta.get("device") == device:
             rate, src = float(meta["embed_chunks_per_s"]), "measured on this machine by the last indexing run"
