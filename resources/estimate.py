@@ -8,7 +8,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 
 from gpubox.registry import app_state
-from gpubox.tools.estimate import estimator
+from gpubox.tools.estimate.adapter import estimator
 from gpubox.tools.estimate.schemas import MeasurementList
 
 

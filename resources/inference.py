@@ -6,7 +6,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.tools.inference import manager
+from gpubox.tools.inference.adapter import manager
 
 
 def register(mcp: MCPServer[Any]) -> None:

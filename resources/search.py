@@ -7,7 +7,7 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 
 from gpubox.registry import app_state
-from gpubox.tools.search import search_service
+from gpubox.tools.search.adapter import search_service
 
 
 def register(mcp: MCPServer[Any]) -> None:

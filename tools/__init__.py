@@ -1,4 +1,5 @@
-"""gpubox.tools: one package per tool family; this tuple is the registry."""
+"""gpubox.tools: one package per tool family, each registering its tools in
+`<family>/adapter.py`; the tuple in families() is the registry."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from types import ModuleType
 
 def families() -> tuple[ModuleType, ...]:
     """Every family module, each exposing `register(mcp)`. Importing them loads no heavy library."""
-    from gpubox.tools import estimate, gpu, inference, search
+    from gpubox.tools.estimate import adapter as estimate
+    from gpubox.tools.gpu import adapter as gpu
+    from gpubox.tools.inference import adapter as inference
+    from gpubox.tools.search import adapter as search
 
     return (gpu, estimate, search, inference)

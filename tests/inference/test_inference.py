@@ -16,7 +16,7 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
-from gpubox.tools.inference import manager
+from gpubox.tools.inference.adapter import manager
 from tests.conftest import has_gpu
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

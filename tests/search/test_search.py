@@ -204,7 +204,7 @@ async def test_resources_prompt_and_drop(search_env: Any, repo: Path) -> None:
 
 async def test_a_different_embedding_model_is_detected(search_env: Any, repo: Path) -> None:
     from gpubox.app import state_of
-    from gpubox.tools.search import search_service
+    from gpubox.tools.search.adapter import search_service
 
     store = search_service(state_of(search_env[0])).store("repo")
     with store.transaction() as db:

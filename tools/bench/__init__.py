@@ -1,0 +1,1 @@
+"""Device benchmark family: attention kernels and device bandwidth/TFLOPS; MCP registration in adapter.py."""

@@ -1,0 +1,159 @@
+"""Inference family: infer_models, infer_load, infer_unload, infer_chat, infer_complete, infer_benchmark."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
+
+from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.state import AppState
+from gpubox.tools.inference import service
+from gpubox.tools.inference.backends import GenParams
+from gpubox.tools.inference.manager import ModelManager, Resident
+from gpubox.tools.inference.schemas import (
+    BenchmarkResult,
+    ChatMessage,
+    GenerationResult,
+    LoadResult,
+    ModelList,
+    UnloadResult,
+)
+
+ModelName = Annotated[
+    str | None, Field(description="Model name from infer_models; default: the loaded one, else the bundled SmolLM2")
+]
+MaxTokens = Annotated[int, Field(ge=1, le=131_072, description="Most tokens to generate")]
+Temperature = Annotated[float, Field(ge=0, le=5, description="Sampling temperature; 0 = greedy")]
+TopP = Annotated[float, Field(gt=0, le=1, description="Nucleus sampling")]
+TopK = Annotated[int, Field(ge=0, le=1000, description="Top-k sampling (0 = off)")]
+Repeat = Annotated[float, Field(ge=0.5, le=3, description="Repeat penalty")]
+Stop = Annotated[list[str] | None, Field(description="Stop sequences", max_length=16)]
+Seed = Annotated[int | None, Field(ge=0, description="Seed for reproducible sampling")]
+Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the output must follow (llama.cpp grammar)")]
+
+
+def manager(state: AppState) -> ModelManager:
+    return state.service("inference", ModelManager)
+
+
+def register(mcp: MCPServer[Any]) -> None:
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="Models")
+    def infer_models(ctx: Context) -> ModelList:
+        """Models that can be run: the bundled SmolLM2-135M GGUF, GGUF files and HF folders in the model dirs, and
+        LoRA adapters; with architecture, parameters, quantisation, context, size, chat template, and where each
+        loaded one runs (device, memory). Load with infer_load or just call infer_chat."""
+        return manager(app_state(ctx)).list()
+
+    @gpubox_tool(mcp, annotations=WRITES, title="Load a model")
+    async def infer_load(
+        ctx: Context,
+        name: Annotated[str, Field(description="Model or LoRA adapter name from infer_models", min_length=1)],
+        backend: Annotated[Literal["auto", "llama.cpp", "transformers"], Field(description="Engine")] = "auto",
+        context_length: Annotated[int | None, Field(ge=128, le=1_048_576, description="Context to allocate")] = None,
+        n_gpu_layers: Annotated[
+            int | None, Field(ge=-1, le=1000, description="Override the fit plan: layers on the GPU (-1 all)")
+        ] = None,
+        kv_cache_type: Annotated[Literal["f16", "q8_0", "q4_0"], Field(description="KV-cache type")] = "f16",
+        quantization: Annotated[
+            Literal["4bit", "8bit"] | None, Field(description="transformers: load HF weights with bitsandbytes")
+        ] = None,
+        adapter: Annotated[str | None, Field(description="LoRA adapter to apply to this base model")] = None,
+        keep_alive_s: Annotated[float | None, Field(ge=0, le=604_800, description="Idle unload; 0 = pin")] = None,
+    ) -> LoadResult:
+        """Load a model with GPU offload, context and KV type chosen by the estimator's fit plan for the free VRAM
+        (returned as `plan`). Evicts the least recently used model when the resident limit or memory budget is
+        reached; refuses with the numbers when it cannot fit even partly."""
+        mgr = manager(app_state(ctx))
+        return await anyio.to_thread.run_sync(
+            lambda: mgr.load(
+                name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s
+            )
+        )
+
+    @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Unload a model")
+    async def infer_unload(ctx: Context, name: Annotated[str, Field(description="Loaded model name")]) -> UnloadResult:
+        """Free a loaded model's memory (waits for a running request to finish)."""
+        mgr = manager(app_state(ctx))
+        return await anyio.to_thread.run_sync(mgr.unload, name)
+
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Chat")
+    async def infer_chat(
+        ctx: Context,
+        messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000, description="The conversation")],
+        model: ModelName = None,
+        max_tokens: MaxTokens = 256,
+        temperature: Temperature = 0.7,
+        top_p: TopP = 0.95,
+        top_k: TopK = 40,
+        repeat_penalty: Repeat = 1.1,
+        stop: Stop = None,
+        seed: Seed = None,
+        json_schema: Schema = None,
+    ) -> GenerationResult:
+        """Chat with a local model (rendered with its chat template). Text streams as MCP progress notifications;
+        cancelling the request stops generation. Returns text, finish reason, token counts, time to first token
+        and prefill/decode tokens/s."""
+        params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
+        msgs = [m.model_dump() for m in messages]
+        return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
+
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Complete")
+    async def infer_complete(
+        ctx: Context,
+        prompt: Annotated[str, Field(min_length=1, max_length=4_000_000, description="Raw prompt to continue")],
+        model: ModelName = None,
+        max_tokens: MaxTokens = 256,
+        temperature: Temperature = 0.7,
+        top_p: TopP = 0.95,
+        top_k: TopK = 40,
+        repeat_penalty: Repeat = 1.1,
+        stop: Stop = None,
+        seed: Seed = None,
+        json_schema: Schema = None,
+    ) -> GenerationResult:
+        """Continue a raw prompt (no chat template). Streams progress, honours cancellation, reports speeds."""
+        params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
+        return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
+
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")
+    async def infer_benchmark(
+        ctx: Context,
+        model: ModelName = None,
+        requests: Annotated[int, Field(ge=1, le=10_000, description="Requests to run")] = 8,
+        concurrency: Annotated[int, Field(ge=1, le=256, description="Requests in flight")] = 1,
+        prompt_tokens: Annotated[int, Field(ge=8, le=131_072, description="Prompt length")] = 128,
+        max_tokens: Annotated[int, Field(ge=1, le=8192, description="Tokens generated per request")] = 64,
+    ) -> BenchmarkResult:
+        """Measure prefill and decode tokens/s, time to first token, latency p50/p95/p99, requests/s and peak
+        memory (on a GPU also the share of the bandwidth ceiling reached). Stored as a calibration so estimates
+        for this GPU use the measured efficiency."""
+        state = app_state(ctx)
+
+        def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> tuple[int, float | None] | None:
+            if r.entry.format != "gguf" or decode <= 0:
+                return None
+            from gpubox.tools.estimate.adapter import estimator
+            from gpubox.tools.gpu.nvml import gpu_status
+
+            gpus = gpu_status().gpus
+            gpu = gpus[0].name if gpus and r.plan.device.startswith("cuda") else "cpu"
+            from gpubox.tools.estimate.modelinfo import read_gguf
+
+            m = estimator(state).record_inference(
+                gpu,
+                read_gguf(r.entry.path),
+                None,
+                decode,
+                prefill or None,
+                peak_gb,
+                r.plan.context_length,
+                note=f"infer_benchmark {r.backend.name} on {r.plan.device}",
+            )
+            return m.id, m.decode_efficiency
+
+        return await service.benchmark(
+            manager(state), model, requests, concurrency, prompt_tokens, max_tokens, record, ctx.report_progress
+        )

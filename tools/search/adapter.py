@@ -1,0 +1,94 @@
+"""Search family: search_index, search_code, search_list, search_drop (thin adapters over SearchService)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
+
+from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.state import AppState
+from gpubox.tools.search.schemas import DropResult, IndexList, IndexResult, SearchResults
+from gpubox.tools.search.service import SearchService
+
+IndexName = Annotated[str | None, Field(description="Index name; default: the only index, or the directory name")]
+Globs = Annotated[list[str] | None, Field(description="Glob patterns on paths relative to the root", max_length=50)]
+
+
+def search_service(state: AppState) -> SearchService:
+    return state.service("search", SearchService)
+
+
+def register(mcp: MCPServer[Any]) -> None:
+    @gpubox_tool(mcp, annotations=WRITES, title="Index a repository")
+    async def search_index(
+        ctx: Context,
+        path: Annotated[str, Field(description="Directory inside the allowed roots", min_length=1, max_length=4096)],
+        name: IndexName = None,
+        include: Globs = None,
+        exclude: Globs = None,
+        max_file_bytes: Annotated[int | None, Field(ge=1024, le=100_000_000, description="Skip larger files")] = None,
+        dry_run: Annotated[bool, Field(description="Only report files, chunks, time and disk; embed nothing")] = False,
+        wait_seconds: Annotated[
+            float | None, Field(ge=0, le=3600, description="Return after this long; indexing continues")
+        ] = None,
+    ) -> IndexResult:
+        """Index (or incrementally re-index) a code directory for search_code: honours .gitignore and default
+        excludes, chunks by symbol with tree-sitter, embeds only new/changed code, stores FAISS + SQLite FTS5.
+        Reports MCP progress; if it takes longer than wait_seconds it returns state='indexing' and keeps going in
+        the background: poll search_list. dry_run previews counts, time and disk size first."""
+        svc = search_service(app_state(ctx))
+        inc, exc = include or [], exclude or []
+        if dry_run:
+            return await anyio.to_thread.run_sync(lambda: svc.dry_run(path, name, inc, exc, max_file_bytes))
+        idx, root, progress = await anyio.to_thread.run_sync(
+            lambda: svc.start_index(path, name, inc, exc, max_file_bytes)
+        )
+        limit = svc.settings.search_index_wait_seconds if wait_seconds is None else wait_seconds
+        deadline = time.monotonic() + limit
+        last = None
+        while progress.finished is None and time.monotonic() < deadline:
+            msg = progress.message()
+            if msg != last:
+                done = progress.chunks_embedded if progress.phase == "embedding" else progress.files_done
+                total = progress.chunks_to_embed if progress.phase == "embedding" else progress.files_total
+                await ctx.report_progress(done, total or None, message=msg)
+                last = msg
+            await anyio.sleep(0.2)
+        return svc.result(idx, root, progress)
+
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="Search code")
+    def search_code(
+        ctx: Context,
+        query: Annotated[
+            str, Field(description="What the code does, or identifiers to find", min_length=1, max_length=2000)
+        ],
+        index: IndexName = None,
+        k: Annotated[int, Field(ge=1, le=100, description="Hits per page")] = 10,
+        offset: Annotated[int, Field(ge=0, le=10_000, description="Skip this many hits (paging)")] = 0,
+        path_glob: Annotated[str | None, Field(description="Only paths matching this glob, e.g. 'src/*.py'")] = None,
+        language: Annotated[str | None, Field(description="Only this language, e.g. 'python', 'go'")] = None,
+        mode: Annotated[
+            Literal["hybrid", "vector", "lexical"], Field(description="hybrid = vector + BM25 + symbol definitions")
+        ] = "hybrid",
+        snippet_chars: Annotated[int, Field(ge=80, le=20_000, description="Snippet size budget per hit")] = 800,
+    ) -> SearchResults:
+        """Find code by meaning and by name in an index built with search_index. Returns file, line range, symbol,
+        language, score and a trimmed snippet per hit; next_offset pages through more."""
+        return search_service(app_state(ctx)).search(query, index, k, offset, path_glob, language, mode, snippet_chars)
+
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="List indexes")
+    def search_list(ctx: Context) -> IndexList:
+        """Every index: root, files, chunks, embedding model, size on disk, last indexed, and state/progress of a
+        running or failed indexing job."""
+        return search_service(app_state(ctx)).list()
+
+    @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Drop an index")
+    def search_drop(
+        ctx: Context, name: Annotated[str, Field(description="Index to delete", min_length=1, max_length=64)]
+    ) -> DropResult:
+        """Delete an index and its files from the state dir (the indexed source is untouched)."""
+        return search_service(app_state(ctx)).drop(name)
