@@ -22,3 +22,16 @@ def register(mcp: MCPServer[Any]) -> None:
             "explain the reason and what to install or check. End with a one-line verdict: ready, busy, "
             "or unhealthy, and why."
         )
+
+    @mcp.prompt(title="Session report")
+    def session_report() -> str:
+        """Ask the model to summarise this GPU-box session: cost, what was done, what to save before shutdown."""
+        return (
+            "Write a short end-of-session report for this rented GPU box. Read `box://session` (or call "
+            "`gpu_status` and use its `session` block). Give: uptime, price per hour and its source, cost so far, "
+            "budget left and when it runs out at this rate; how busy the GPU was (busy share, idle minutes — say "
+            "plainly if utilisation was not measured) and which kinds of work used it, with minutes each. Then "
+            "list what to save before shutting the box down: fine-tuned adapters (`finetune_list`), search "
+            "indexes worth keeping (`search_list`), benchmark results, and any running job that would be lost. "
+            "End with a one-line recommendation: keep working, or stop the box now."
+        )

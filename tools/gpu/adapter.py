@@ -1,4 +1,4 @@
-"""GPU monitoring family: `gpu_status`."""
+"""GPU monitoring family: `gpu_status` with the session meter; starts the idle guard when configured."""
 
 from __future__ import annotations
 
@@ -7,13 +7,46 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from gpubox.registry import READ_ONLY, gpubox_tool
+from gpubox.state import AppState
+from gpubox.tools.gpu.idle import IdleGuard
 from gpubox.tools.gpu.nvml import gpu_status as read_gpu_status
 from gpubox.tools.gpu.schemas import GpuStatus
+from gpubox.tools.gpu.session import SessionMeter
+
+
+def session_meter(state: AppState) -> SessionMeter:
+    """This server's session meter (built with the server, so uptime counts from start)."""
+    return state.service("session", SessionMeter)
+
+
+def status_with_session(state: AppState | None) -> GpuStatus:
+    status = read_gpu_status()
+    if state is not None:
+        status.session = session_meter(state).report()
+    return status
+
+
+class _RequestMeter:
+    """MCP middleware: every inbound request marks the box as in use (the idle guard's clock)."""
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        state = getattr(ctx, "lifespan_context", None)
+        if isinstance(state, AppState):
+            session_meter(state).touch(getattr(ctx, "session", None))
+        return await call_next(ctx)
 
 
 def register(mcp: MCPServer[Any]) -> None:
+    state: AppState | None = getattr(mcp, "state", None)
+    if state is not None:
+        meter = session_meter(state)
+        if state.settings.idle_shutdown_minutes is not None:
+            state.service("idle_guard", lambda s: IdleGuard(meter, s)).start()
+    mcp.middleware.append(_RequestMeter())
+
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU status")
     def gpu_status() -> GpuStatus:
         """Live telemetry of every NVIDIA GPU (memory, utilisation, temperature, power, clocks, throttling,
-        ECC, processes) plus host CPU/RAM. With no GPU or NVML, returns available=false and the reason."""
-        return read_gpu_status()
+        ECC, processes) plus host CPU/RAM, and this session's cost and GPU use (price, cost so far, budget
+        left, busy share, what used the GPU). With no GPU or NVML, returns available=false and the reason."""
+        return status_with_session(state)

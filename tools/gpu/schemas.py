@@ -47,6 +47,32 @@ class HostInfo(BaseModel):
     load_average: tuple[float, float, float] | None = Field(None, description="1, 5, 15-minute load averages")
 
 
+class ActivityUse(BaseModel):
+    kind: str = Field(description="inference, finetune, indexing or benchmark")
+    active: bool = Field(description="Running now")
+    wall_minutes: float = Field(description="Wall-clock minutes this kind of work ran during the session")
+    gpu_busy_minutes: float | None = Field(
+        None, description="GPU-busy minutes attributed to it (split between kinds running together); null without NVML"
+    )
+
+
+class SessionInfo(BaseModel):
+    started_at: str = Field(description="Server start, UTC")
+    uptime_s: float
+    usd_per_hour: float | None = Field(description="Price of the box per hour; null when none is configured")
+    price_source: str = Field(description="Where the price came from (setting or provider catalog with its source)")
+    price_observed: str | None = Field(None, description="Date a catalog price was observed; prices move")
+    cost_usd: float | None = Field(description="uptime x price")
+    budget_usd: float | None = None
+    budget_left_usd: float | None = None
+    budget_runs_out_at: str | None = Field(None, description="When the budget is spent at this rate, UTC")
+    gpu_busy_share: float | None = Field(description="Share of sampled session time the GPU was busy; null unmeasured")
+    gpu_idle_minutes: float | None = None
+    gpu_utilisation: str = Field(description="'measured', or why utilisation is unavailable")
+    minutes_since_last_request: float
+    uses: list[ActivityUse]
+
+
 class GpuStatus(BaseModel):
     available: bool = Field(description="True when NVML answered and at least one GPU is present")
     reason: str | None = Field(None, description="Why no GPU is reported, when available is false")
@@ -54,3 +80,4 @@ class GpuStatus(BaseModel):
     cuda_driver_version: str | None = None
     gpus: list[GpuDevice] = Field(default_factory=list)
     host: HostInfo
+    session: SessionInfo | None = Field(None, description="This server session's cost and GPU use (rented boxes)")
