@@ -5,27 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError
 
-from gpubox.registry import app_state
+from gpubox.errors import UnknownNameError
+from gpubox.registry import app_state, gpubox_resource
 from gpubox.tools.estimate.adapter import estimator
 from gpubox.tools.estimate.schemas import MeasurementList
 
+KINDS = ("inference", "training", "all")
+
 
 def register(mcp: MCPServer[Any]) -> None:
-    @mcp.resource("estimate://gpus", name="estimate_gpus", mime_type="application/json", title="GPU catalog")
+    @gpubox_resource(mcp, "estimate://gpus", name="estimate_gpus", title="GPU catalog")
     def gpus() -> str:
         """GPU specs with sources and dated cloud prices (same as the estimate_gpus tool)."""
         from gpubox.app import state_of
 
-        # static resources get no Context in the SDK, so reach the process state through the server
+        # static resources get no Context in the SDK, so reach the server's state through the server
         return estimator(state_of(mcp)).gpu_catalog().model_dump_json(indent=2)
 
-    @mcp.resource("estimate://calibrations/{kind}", name="estimate_calibrations", mime_type="application/json")
+    @gpubox_resource(mcp, "estimate://calibrations/{kind}", name="estimate_calibrations")
     def calibrations(kind: str, ctx: Context) -> str:
         """Measured runs of one kind ('inference', 'training' or 'all') used to calibrate estimates."""
-        if kind not in ("inference", "training", "all"):
-            raise ResourceError(f"unknown kind '{kind}'; use estimate://calibrations/inference, /training or /all")
+        if kind not in KINDS:
+            raise UnknownNameError("calibration kind", kind, KINDS, hint="e.g. estimate://calibrations/inference")
         est = estimator(app_state(ctx))
         runs = est.store.list(kind=None if kind == "all" else kind)
         return MeasurementList(measurements=runs, database=str(est.store.path)).model_dump_json(indent=2)

@@ -6,11 +6,12 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.registry import gpubox_resource
+from gpubox.tools.gpu.adapter import status_with_session
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    @mcp.resource("gpu://status", name="gpu_status", mime_type="application/json", title="GPU status")
+    @gpubox_resource(mcp, "gpu://status", name="gpu_status", title="GPU status")
     def gpu_status_resource() -> str:
-        """Live GPU and host telemetry (same as the gpu_status tool)."""
-        return gpu_status().model_dump_json(indent=2)
+        """Live GPU and host telemetry with the session meter (same as the gpu_status tool)."""
+        return status_with_session(getattr(mcp, "state", None)).model_dump_json(indent=2)

@@ -22,11 +22,21 @@ INSTRUCTIONS = """gpubox exposes one GPU box: GPU telemetry (gpu_status), estima
 (estimate_*), code search over local repositories (search_*), and local model inference (infer_*).
 Errors name the next step; a missing GPU or optional extra is reported as data by status tools."""
 
-_STATES: dict[int, AppState] = {}
+
+class GpuboxServer(MCPServer[AppState]):
+    """An MCPServer that owns its AppState: the state lives exactly as long as the server object.
+
+    Static resources get no Context in the SDK, so they reach the state through the server they were
+    registered on; keeping it on the object (not in a module-level table) lets both be freed together.
+    """
+
+    def __init__(self, state: AppState, name: str, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.state = state
 
 
-def build_server(settings: Settings | None = None, *, state: AppState | None = None) -> MCPServer[AppState]:
-    """Create the gpubox MCP server. Heavy state lives in one AppState per process (shared across SSE
+def build_server(settings: Settings | None = None, *, state: AppState | None = None) -> GpuboxServer:
+    """Create the gpubox MCP server. Heavy state lives in one AppState per server (shared across SSE
     connections, whose lifespan runs per connection)."""
     settings = settings if settings is not None else Settings.load()
     state = state if state is not None else AppState(settings)
@@ -36,7 +46,8 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
         yield state  # never builds or tears down state: see module docstring of gpubox.state
 
     token = settings.resolved_token()
-    mcp: MCPServer[AppState] = MCPServer(
+    mcp = GpuboxServer(
+        state,
         "gpubox",
         title="gpubox",
         version=__version__,
@@ -59,10 +70,11 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
         # Unauthenticated by design (SDK custom routes are): reveals only liveness and version.
         return JSONResponse({"status": "ok", "name": "gpubox", "version": __version__})
 
-    _STATES[id(mcp)] = state
     return mcp
 
 
 def state_of(mcp: MCPServer[Any]) -> AppState:
     """The AppState build_server created for `mcp`."""
-    return _STATES[id(mcp)]
+    if not isinstance(mcp, GpuboxServer):
+        raise TypeError(f"{mcp!r} was not made by gpubox.app.build_server; it has no AppState")
+    return mcp.state

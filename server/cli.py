@@ -166,12 +166,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings_problem(exc: Exception) -> str:
+    """One line per invalid setting, without pydantic's URL and input echo (which may hold a token)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    lines = []
+    for err in errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        lines.append(f"{where}: {str(err.get('msg', '')).removeprefix('Value error, ')}")
+    return "invalid settings: " + "; ".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     ns = build_parser().parse_args(argv)
     try:
         return int(ns.func(ns))
     except GpuboxError as exc:
         print(f"gpubox: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # settings from flags, env or TOML that do not validate
+        print(f"gpubox: {_settings_problem(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

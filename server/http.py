@@ -1,13 +1,15 @@
 """One HTTP port: streamable HTTP at /mcp, legacy SSE at /sse (+ /messages/), GET /health.
 
-Security: binding beyond loopback needs a token; DNS-rebinding protection is always on with explicit
-allowed hosts/origins (the SDK switches it off silently for non-loopback binds otherwise).
+Security: binding beyond loopback needs a token of at least MIN_TOKEN_CHARS; DNS-rebinding protection is
+always on with explicit allowed hosts/origins (the SDK switches it off silently for non-loopback binds
+otherwise) and compares whole hosts and ports (gpubox.httpguard); requests must arrive within a deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import stat
 from typing import Any
 
 import psutil
@@ -16,6 +18,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 
 from gpubox.errors import ConfigError
+from gpubox.httpguard import HostOriginGuard, deadline_protocol
 from gpubox.settings import Settings, is_loopback
 
 log = logging.getLogger("gpubox.http")
@@ -23,16 +26,37 @@ log = logging.getLogger("gpubox.http")
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
 WILDCARD_BINDS = {"0.0.0.0", "::", ""}
+# A network-facing bearer token must resist guessing; 16 characters of base64 is ~96 bits.
+MIN_TOKEN_CHARS = 16
 
 
 def check_bind(settings: Settings) -> None:
-    """Refuse a non-loopback bind without a token (a GPU box open to the network runs arbitrary work)."""
-    if not is_loopback(settings.host) and not settings.resolved_token():
+    """Refuse a non-loopback bind without a strong token (a GPU box open to the network runs arbitrary work);
+    warn when the token file is readable by other users. Raises ConfigError; called before anything starts."""
+    token = settings.resolved_token()  # raises ConfigError for a blank, unreadable or non-UTF-8 token
+    if token is not None and settings.token is None and settings.token_file is not None:
+        mode = settings.token_file.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning(
+                "token file %s is readable by group/others (mode %o); restrict it with `chmod 600 %s`",
+                settings.token_file,
+                stat.S_IMODE(mode),
+                settings.token_file,
+            )
+    if is_loopback(settings.host):
+        return
+    tunnel = f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} <this-host>`"
+    if token is None:
         raise ConfigError(
             f"refusing to bind {settings.host}:{settings.port} without a token: "
             "anyone who can reach it could "
             "use this GPU box. Set GPUBOX_TOKEN, --token or --token-file, or bind 127.0.0.1 and tunnel with "
-            f"`ssh -N -L {settings.port}:127.0.0.1:{settings.port} <this-host>`."
+            f"{tunnel}."
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"refusing to bind {settings.host}:{settings.port} with a {len(token)}-character token: use at least "
+            f"{MIN_TOKEN_CHARS} (e.g. `head -c 32 /dev/urandom | base64`), or bind 127.0.0.1 and tunnel with {tunnel}."
         )
 
 
@@ -78,6 +102,13 @@ def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:
     sse = mcp.sse_app(**common)
     have = {getattr(r, "path", None) for r in app.router.routes}
     app.router.routes.extend(r for r in sse.router.routes if getattr(r, "path", None) not in have)
+    # The SDK's own check stays on behind this one; this one compares hosts and ports whole.
+    app.add_middleware(
+        HostOriginGuard,
+        hosts=security.allowed_hosts,
+        origins=security.allowed_origins,
+        exempt=frozenset({"/health"}),
+    )
     return app
 
 
@@ -103,6 +134,7 @@ def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
         log_level=settings.log_level.lower(),
         access_log=settings.log_level == "DEBUG",
         lifespan="on",
+        http=deadline_protocol(settings.http_request_timeout_seconds),
     )
     server = uvicorn.Server(config)
     log.info(connect_hint(settings))

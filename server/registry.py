@@ -1,7 +1,13 @@
 """Helpers shared by every family's thin adapter: annotations, error translation, state access.
 
-Families register tools with `gpubox_tool(mcp, ...)` instead of `mcp.tool(...)` so that a GpuboxError
-raised by a core module reaches the client as a ToolError whose message the model can act on.
+Families register tools with `gpubox_tool(mcp, ...)` and resources with `gpubox_resource(mcp, uri, ...)`
+instead of `mcp.tool(...)` / `mcp.resource(...)`, so a GpuboxError raised by a core module reaches the client
+on the SDK's right channel with its message intact (the SDK masks any other exception):
+
+    ConfigError                 -> MCPError (JSON-RPC error): the server is misconfigured; the host must act
+    other GpuboxError in a tool -> ToolError (is_error result): the model reads the message and retries
+    input errors in a resource  -> ResourceNotFoundError (-32602 invalid params): unknown name, bad path
+    other GpuboxError there     -> ResourceError (-32603)
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, ToolAnnotations
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import ConfigError, GpuboxError, InvalidInputError, NotFoundError, PathNotAllowedError
 
 if TYPE_CHECKING:
     from gpubox.state import AppState
@@ -29,35 +36,68 @@ WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempoten
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
 
 
-def _translate(exc: GpuboxError) -> ToolError:
-    return ToolError(str(exc))
+def _protocol_error(exc: ConfigError) -> MCPError:
+    return MCPError(code=INTERNAL_ERROR, message=f"gpubox configuration error: {exc}", data={"error": "ConfigError"})
+
+
+def _tool_error(exc: GpuboxError) -> Exception:
+    return _protocol_error(exc) if isinstance(exc, ConfigError) else ToolError(str(exc))
+
+
+def _resource_error(exc: GpuboxError) -> Exception:
+    if isinstance(exc, ConfigError):
+        return _protocol_error(exc)
+    if isinstance(exc, InvalidInputError | NotFoundError | PathNotAllowedError):
+        return ResourceNotFoundError(str(exc))
+    return ResourceError(str(exc))
+
+
+def _translating(fn: F, translate: Callable[[GpuboxError], Exception]) -> Any:
+    """`fn` with GpuboxError replaced by `translate(exc)`; sync stays sync (the SDK runs it in a thread)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except GpuboxError as exc:
+                raise translate(exc) from exc
+
+        return awrapper
+
+    @functools.wraps(fn)
+    def swrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GpuboxError as exc:
+            raise translate(exc) from exc
+
+    return swrapper
 
 
 def gpubox_tool(mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str | None = None) -> Callable[[F], F]:
-    """Register `fn` as a tool; GpuboxError becomes ToolError, everything else stays masked by the SDK."""
+    """Register `fn` as a tool; GpuboxError becomes ToolError (ConfigError: MCPError), anything else stays
+    masked by the SDK."""
 
     def decorator(fn: F) -> F:
-        if inspect.iscoroutinefunction(fn):
+        mcp.tool(title=title, annotations=annotations)(_translating(fn, _tool_error))
+        return fn
 
-            @functools.wraps(fn)
-            async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await fn(*args, **kwargs)
-                except GpuboxError as exc:
-                    raise _translate(exc) from exc
+    return decorator
 
-            wrapped: Any = awrapper
-        else:
 
-            @functools.wraps(fn)
-            def swrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return fn(*args, **kwargs)
-                except GpuboxError as exc:
-                    raise _translate(exc) from exc
+def gpubox_resource(
+    mcp: MCPServer[Any],
+    uri: str,
+    *,
+    name: str | None = None,
+    title: str | None = None,
+    mime_type: str | None = "application/json",
+) -> Callable[[F], F]:
+    """Register `fn` as a resource (or template, when `uri` has {variables}) with gpubox error translation."""
 
-            wrapped = swrapper
-        mcp.tool(title=title, annotations=annotations)(wrapped)
+    def decorator(fn: F) -> F:
+        mcp.resource(uri, name=name, title=title, mime_type=mime_type)(_translating(fn, _resource_error))
         return fn
 
     return decorator

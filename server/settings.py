@@ -98,6 +98,13 @@ class Settings(BaseSettings):
         le=256 * 1024 * 1024,
         description="Largest HTTP request body accepted; larger bodies get 413.",
     )
+    http_request_timeout_seconds: float = Field(
+        default=10.0,
+        ge=0.5,
+        le=600.0,
+        description="A connection whose request (headers and body) has not fully arrived this long after it "
+        "opened, or after the previous response, is closed (slow-client protection).",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level for the server's stderr log."
     )
@@ -169,10 +176,22 @@ class Settings(BaseSettings):
     # --- derived --------------------------------------------------------------------------------
     def resolved_token(self) -> str | None:
         """The bearer token from `token`, else the first line of `token_file`, else None."""
-        if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value()
+        if self.token is not None:
+            value = self.token.get_secret_value().strip()
+            if not value:  # a blank token must not pass for "auth configured"
+                raise ConfigError("the token (GPUBOX_TOKEN / --token) is blank; set a real token or unset it")
+            return value
         if self.token_file is not None:
-            first = self.token_file.read_text(encoding="utf-8").splitlines()
+            try:
+                first = self.token_file.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"token_file {self.token_file} is not UTF-8 text; put the token on its first line"
+                ) from None
+            except OSError as exc:
+                raise ConfigError(
+                    f"token_file {self.token_file} cannot be read ({exc.strerror}); check it exists and its permissions"
+                ) from None
             if first and first[0].strip():
                 return first[0].strip()
             raise ConfigError(f"token_file {self.token_file} is empty; put the token on its first line")

