@@ -152,6 +152,67 @@ class Settings(BaseSettings):
     )
     infer_threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads for llama.cpp (auto).")
 
+    # --- rented box: session meter and idle guard -----------------------------------------------
+    hourly_usd: float | None = Field(
+        default=None, ge=0, le=10_000, description="What the box costs per hour, for the session cost meter."
+    )
+    price_provider: str | None = Field(
+        default=None,
+        max_length=100,
+        description="A provider in the estimator's price catalog (e.g. 'Lambda', 'RunPod'); its dated on-demand "
+        "price for the local GPU is used when hourly_usd is unset.",
+    )
+    price_gpu: str | None = Field(
+        default=None, max_length=100, description="GPU to price with price_provider (default: the local GPU from NVML)."
+    )
+    budget_usd: float | None = Field(default=None, gt=0, le=1_000_000, description="Session budget in dollars.")
+    session_sample_seconds: float = Field(
+        default=10.0, ge=0.5, le=3600, description="How often GPU utilisation is sampled for the session meter."
+    )
+    idle_shutdown_minutes: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_080,
+        description="Run idle_command after this long with no MCP request, no running work and the GPU idle (off).",
+    )
+    idle_command: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Command (split like a shell, run without one) that stops the box, e.g. 'sudo shutdown -h now'.",
+    )
+    idle_grace_seconds: float = Field(
+        default=120.0, ge=0, le=3600, description="Warning period before idle_command runs; any request cancels it."
+    )
+    idle_dry_run: bool = Field(default=False, description="Idle guard only reports what it would run.")
+
+    @field_validator("price_provider", mode="after")
+    @classmethod
+    def _known_provider(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from gpubox.tools.estimate.catalog import package_catalog
+
+        providers = sorted({p.provider for p in package_catalog().prices})
+        match = [p for p in providers if p.lower() == value.strip().lower()]
+        if not match:
+            raise ValueError(f"unknown price_provider '{value}'; known providers: {', '.join(providers)}")
+        return match[0]
+
+    @model_validator(mode="after")
+    def _idle_guard_complete(self) -> Settings:
+        if self.idle_shutdown_minutes is not None and not self.idle_command and not self.idle_dry_run:
+            raise ValueError("idle_shutdown_minutes needs idle_command (what stops the box) or idle_dry_run = true")
+        if self.idle_command is not None:
+            import shlex
+
+            try:
+                argv = shlex.split(self.idle_command)
+            except ValueError as exc:
+                raise ValueError(f"idle_command cannot be parsed ({exc}); check its quotes") from None
+            if not argv:
+                raise ValueError("idle_command is blank; give the command that stops the box")
+        return self
+
     @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
