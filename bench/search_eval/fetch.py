@@ -26,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 SPECS = HERE / "corpora"
+QUERIES_DIR = HERE / "queries"
 DEFAULT_CACHE = BENCH / "data" / "archives"
 DEFAULT_DEST = BENCH / "data" / "corpora"
 REGISTRIES = ("pypi", "npm", "debian")
