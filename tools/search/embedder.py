@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +31,57 @@ def default_model_path(configured: Path | None) -> Path:
     return path
 
 
+class _PriorityLock:
+    """One encode at a time, and a waiting query goes before the next indexing batch.
+
+    A plain lock is not fair: an indexing loop that releases and re-acquires it can win every time and leave a
+    query waiting for the whole run. Bulk work yields whenever a query is waiting, so a query waits for at most
+    the one batch already running.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+        self._queries_waiting = 0
+
+    @contextmanager
+    def hold(self, query: bool) -> Iterator[None]:
+        with self._cond:
+            if query:
+                self._queries_waiting += 1
+                try:
+                    self._cond.wait_for(lambda: not self._busy)
+                finally:
+                    self._queries_waiting -= 1
+            else:
+                self._cond.wait_for(lambda: not self._busy and self._queries_waiting == 0)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
 class Embedder:
-    """Loads the model on first use; encode() is thread-safe (one encode at a time: the GPU/CPU is shared)."""
+    """Loads the model on first use; encode() is thread-safe (one encode at a time: the GPU/CPU is shared and a
+    Hugging Face fast tokenizer must not be used from two threads at once). Queries go before bulk batches."""
 
     def __init__(self, model_path: Path, batch_size: int = 32, max_seq_length: int = 256) -> None:
         self.model_path = model_path
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self._model: Any = None
-        self._lock = threading.Lock()
+        self._lock = _PriorityLock()
+        self._load_lock = threading.Lock()
         self.device = "cpu"
 
     def _load(self) -> Any:
+        with self._load_lock:
+            return self._load_locked()
+
+    def _load_locked(self) -> Any:
         if self._model is None:
             require("sentence_transformers", "search", "Code search embeddings")
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from disk; never from a hub
@@ -65,17 +106,28 @@ class Embedder:
         dim = get()
         return int(dim)
 
-    def encode(self, texts: list[str]) -> Any:
-        """L2-normalised float32 matrix (inner product = cosine)."""
+    def encode(self, texts: list[str], bulk: bool = False) -> Any:
+        """L2-normalised float32 matrix (inner product = cosine).
+
+        bulk=True (indexing): encoded `batch_size` texts per hold of the model, so a query waits for one small
+        batch at most; callers sort texts by length first (what sentence-transformers does within one call).
+        """
         import numpy as np
 
-        with self._lock:
-            model = self._load()
-            vecs = model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-        return np.asarray(vecs, dtype=np.float32)
+        model = self._load()
+        step = self.batch_size if bulk else max(len(texts), 1)
+        parts = []
+        for i in range(0, len(texts), step):
+            with self._lock.hold(query=not bulk):
+                parts.append(
+                    model.encode(
+                        texts[i : i + step],
+                        batch_size=self.batch_size,
+                        normalize_embeddings=True,
+                        convert_to_numpy=True,
+                        show_progress_bar=False,
+                    )
+                )
+        if not parts:
+            return np.zeros((0, self.dimension()), dtype=np.float32)
+        return np.asarray(np.concatenate(parts), dtype=np.float32)

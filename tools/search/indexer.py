@@ -1,13 +1,16 @@
 """The indexing pipeline: walk -> hash -> chunk changed files -> embed new text (deduplicated by content hash)
--> one atomic write of chunks, vectors, FTS rows and the FAISS file."""
+-> batches of whole files, each committed atomically (chunks, vectors, FTS rows and the FAISS file), so a killed
+run resumes from its last batch."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from gpubox.errors import BusyError, InvalidInputError
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import Chunk, chunk_text
 from gpubox.tools.search.embedder import Embedder
+from gpubox.tools.search.safe_io import read_inside
 from gpubox.tools.search.store import IndexStore, fsync_write
 from gpubox.tools.search.walker import WalkOptions, walk
 
@@ -36,6 +40,7 @@ class Progress:
     finished: float | None = None
     error: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # set once finished or error is final
 
     def message(self) -> str:
         if self.phase == "embedding":
@@ -68,6 +73,15 @@ def embed_text(path: str, c: Chunk) -> str:
     return (f"{c.kind} {c.symbol}\n" if c.symbol else "") + c.text
 
 
+@dataclass
+class _Group:
+    """Files published together in one commit: their rows, and the texts they still need embedded."""
+
+    files: list[tuple[str, str, int, str]] = field(default_factory=list)
+    chunks: list[tuple[str, str, Chunk, str]] = field(default_factory=list)  # (path, language, chunk, hash)
+    todo: dict[str, str] = field(default_factory=dict)  # hash -> text to embed
+
+
 def run_index(
     root: Path,
     store: IndexStore,
@@ -75,8 +89,20 @@ def run_index(
     options: WalkOptions,
     progress: Progress,
     ann_threshold: int,
-    batch: int = 256,
+    *,
+    commit_chunks: int = 512,
+    write_share: float = 0.1,
+    on_commit: Callable[[int], None] | None = None,
 ) -> IndexReport:
+    """Index `root` into `store`, publishing whole files in batches.
+
+    A batch commits once it holds `commit_chunks` newly embedded chunks and the embedding since the last commit
+    took at least 1/`write_share` times as long as that commit's write (each commit rewrites the FAISS file, so
+    this keeps writes near `write_share` of the run on large indexes). Every commit leaves SQLite and the FAISS
+    file consistent, so a killed run keeps its committed batches, the next run resumes from them (their files are
+    up to date), and meta['run'] says the run did not finish. `on_commit(n)` runs after the n-th commit (tests
+    use it to stop a run at a known point).
+    """
     t0 = time.perf_counter()
     meta = store.meta()
     if meta.get("model") and meta["model"] != str(embedder.model_path):
@@ -89,19 +115,21 @@ def run_index(
     progress.files_total = len(result.files)
     known = store.file_hashes()
     langs: Counter[str] = Counter()
-    new_chunks: list[tuple[str, str, Chunk]] = []  # (path, language, chunk)
-    new_files: list[tuple[str, str, int, str]] = []
+    per_file: list[tuple[tuple[str, str, int, str], list[tuple[str, str, Chunk, str]]]] = []
     seen: set[str] = set()
     added = changed = 0
     progress.phase = "chunking"
     for rel, lang in result.files:
         if progress.cancel.is_set():
             raise Cancelled()
+        data = read_inside(root, rel)  # re-checked at open time: the file may have become a symlink since the walk
+        progress.files_done += 1
+        if data is None:
+            result.excluded["unreadable or replaced since the walk"] += 1
+            continue
         seen.add(rel)
         langs[lang] += 1
-        data = (root / rel).read_bytes()
         digest = sha(data)
-        progress.files_done += 1
         if known.get(rel) == digest:
             continue
         if rel in known:
@@ -109,61 +137,111 @@ def run_index(
         else:
             added += 1
         text = data.decode("utf-8", errors="replace")
-        for c in chunk_text(text, lang):
-            new_chunks.append((rel, lang, c))
-        new_files.append((rel, digest, len(data), lang))
+        chunks = [(rel, lang, c, sha(embed_text(rel, c).encode())) for c in chunk_text(text, lang)]
+        per_file.append(((rel, digest, len(data), lang), chunks))
     removed = [p for p in known if p not in seen]
-    if not new_files and not removed:
+    if not per_file and not removed:
         progress.phase = "ready"
         files, chunks = store.counts()
         return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, langs)
 
     # embed only text we have never embedded (renames and moved code reuse their vectors)
-    hashes = [sha(embed_text(p, c).encode()) for p, _, c in new_chunks]
-    have = store.vectors_by_hash(list(set(hashes)))
-    todo = sorted({h: i for i, h in enumerate(hashes) if h not in have}.values())
-    # similar lengths in one batch: less padding, the same order sentence-transformers uses within a call
-    todo.sort(key=lambda j: len(new_chunks[j][2].text))
+    have = store.vectors_by_hash(list({h for _, cs in per_file for *_, h in cs}))
+    groups: list[_Group] = [_Group()]
+    queued: set[str] = set()
+    for f, cs in per_file:
+        g = groups[-1]
+        g.files.append(f)
+        g.chunks.extend(cs)
+        for p, _, c, h in cs:
+            if h not in have and h not in queued:
+                queued.add(h)
+                g.todo[h] = embed_text(p, c)
+        if len(g.todo) >= commit_chunks:
+            groups.append(_Group())
+    if len(groups) > 1 and not groups[-1].files:
+        groups.pop()
+    total_chunks = sum(len(cs) for _, cs in per_file)
     progress.phase = "embedding"
-    progress.chunks_to_embed = len(todo)
-    fresh: dict[str, bytes] = {}
-    for i in range(0, len(todo), batch):
-        if progress.cancel.is_set():
-            raise Cancelled()
-        part = todo[i : i + batch]
-        vecs = embedder.encode([embed_text(new_chunks[j][0], new_chunks[j][2]) for j in part])
-        for j, v in zip(part, vecs, strict=True):
-            fresh[hashes[j]] = v.tobytes()
-        progress.chunks_embedded += len(part)
+    progress.chunks_to_embed = len(queued)
     dim = embedder.dimension()
-
-    progress.phase = "writing"
-    gen = int(meta.get("generation", 0)) + 1
-    faiss_file = store.faiss_path(gen)
+    gen = int(meta.get("generation", 0))
+    run = {
+        "state": "running",
+        "pid": os.getpid(),
+        "started": time.time(),
+        "files_total": len(per_file),
+        "files_done": 0,
+        "chunks_to_embed": len(queued),
+        "chunks_embedded": 0,
+        "commits": 0,
+    }
     with store.transaction() as db:
-        store.delete_paths(db, removed + [f[0] for f in new_files if f[0] in known])
+        store.set_meta(db, run=run)
+
+    fresh: dict[str, bytes] = {}
+    pending = _Group()
+    embed_s = last_write_s = 0.0
+    since_commit = 0
+    step = max(1, embedder.batch_size)
+    for n, g in enumerate(groups):
+        # similar lengths in one batch: less padding, the same order sentence-transformers uses within a call
+        todo = sorted(g.todo, key=lambda h: len(g.todo[h]))
+        t_embed = time.perf_counter()
+        for i in range(0, len(todo), step):
+            if progress.cancel.is_set():
+                raise Cancelled()
+            part = todo[i : i + step]
+            # no SQLite transaction is open here, and bulk=True lets a query take the model between batches
+            vecs = embedder.encode([g.todo[h] for h in part], bulk=True)
+            for h, v in zip(part, vecs, strict=True):
+                fresh[h] = v.tobytes()
+            progress.chunks_embedded += len(part)
+        embed_s += time.perf_counter() - t_embed
+        pending.files += g.files
+        pending.chunks += g.chunks
+        last = n == len(groups) - 1
+        since_commit += len(todo)
+        if not last and (since_commit < commit_chunks or embed_s * write_share < last_write_s):
+            continue
+        progress.phase = "writing"
+        t_write = time.perf_counter()
+        gen += 1
+        run["commits"] = int(run["commits"]) + 1
+        run["files_done"] = int(run["files_done"]) + len(pending.files)
+        run["chunks_embedded"] = progress.chunks_embedded
+        if last:
+            run["state"] = "complete"
+            run["finished"] = time.time()
         rows = [
             (p, c.start_line, c.end_line, c.symbol, c.kind, lang, c.text, h, fresh.get(h) or have[h])
-            for (p, lang, c), h in zip(new_chunks, hashes, strict=True)
+            for p, lang, c, h in pending.chunks
         ]
-        store.insert_chunks(db, rows)
-        db.executemany("INSERT OR REPLACE INTO files (path, hash, size, language) VALUES (?, ?, ?, ?)", new_files)
-        ids, blob = store.all_vectors(db)
-        fsync_write(faiss_file, vectors.serialize(vectors.build(ids, blob, dim, ann_threshold)))
         elapsed = time.perf_counter() - t0
-        rate = len(todo) / max(elapsed, 1e-6) if len(todo) >= 50 else meta.get("embed_chunks_per_s")
-        store.set_meta(
-            db,
-            generation=gen,
-            faiss_file=faiss_file.name,
-            model=str(embedder.model_path),
+        rate = len(queued) / max(elapsed, 1e-6) if last and len(queued) >= 50 else meta.get("embed_chunks_per_s")
+        _commit(
+            store,
+            gen,
+            files=pending.files,
+            rows=rows,
+            delete=(removed if run["commits"] == 1 else []) + [f[0] for f in pending.files if f[0] in known],
             dim=dim,
-            root=str(root),
-            updated=time.time(),
-            device=embedder.device,
-            embed_chunks_per_s=rate,
+            ann_threshold=ann_threshold,
+            meta=dict(
+                model=str(embedder.model_path),
+                dim=dim,
+                root=str(root),
+                updated=time.time(),
+                device=embedder.device,
+                embed_chunks_per_s=rate,
+                run=run,
+            ),
         )
-    store.sweep()
+        last_write_s, embed_s, since_commit = time.perf_counter() - t_write, 0.0, 0
+        pending = _Group()
+        progress.phase = "embedding"
+        if on_commit is not None:
+            on_commit(int(run["commits"]))
     files, chunks = store.counts()
     progress.phase = "ready"
     return IndexReport(
@@ -172,12 +250,35 @@ def run_index(
         added,
         changed,
         len(removed),
-        len(todo),
-        len(new_chunks) - len(todo),
+        len(queued),
+        total_chunks - len(queued),
         time.perf_counter() - t0,
         result.excluded,
         langs,
     )
+
+
+def _commit(
+    store: IndexStore,
+    gen: int,
+    *,
+    files: list[tuple[str, str, int, str]],
+    rows: list[tuple[object, ...]],
+    delete: list[str],
+    dim: int,
+    ann_threshold: int,
+    meta: dict[str, object],
+) -> None:
+    """One transaction: chunks, vectors, FTS rows, files, and the pointer to a FAISS file built from all of them."""
+    faiss_file = store.faiss_path(gen)
+    with store.transaction() as db:
+        store.delete_paths(db, delete)
+        store.insert_chunks(db, rows)
+        db.executemany("INSERT OR REPLACE INTO files (path, hash, size, language) VALUES (?, ?, ?, ?)", files)
+        ids, blob = store.all_vectors(db)
+        fsync_write(faiss_file, vectors.serialize(vectors.build(ids, blob, dim, ann_threshold)))
+        store.set_meta(db, generation=gen, faiss_file=faiss_file.name, **meta)
+    store.sweep()
 
 
 def ensure_not_running(progress: Progress | None, name: str) -> None:

@@ -1,4 +1,4 @@
-"""Hybrid retrieval: vector (FAISS) + lexical (FTS5 BM25) + exact symbol matches, fused by reciprocal rank."""
+"""Hybrid retrieval: vector (FAISS) + lexical (FTS5 BM25) + symbol-definition legs, fused and ranked by rank.py."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.tools.search import vectors
-from gpubox.tools.search.store import IDENT, IndexStore, split_identifiers
+from gpubox.tools.search.rank import DEFAULT, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
+from gpubox.tools.search.store import IndexStore, split_identifiers
 
-RRF_K = 60
 WORD = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -23,9 +23,10 @@ class Ranked:
     sources: list[str]
 
 
-def _fts_query(text: str) -> str:
+def _fts_query(text: str, drop_stopwords: bool = True) -> str:
     words = {w.lower() for w in WORD.findall(text)} | set(split_identifiers(text).split())
-    words = {w for w in words if len(w) > 1}
+    # English glue words match nearly every chunk: they only add noise to BM25's OR query
+    words = {w for w in words if len(w) > 1 and not (drop_stopwords and w in STOPWORDS)}
     return " OR ".join(f'"{w}"' for w in sorted(words))
 
 
@@ -40,8 +41,10 @@ def _allowed(store: IndexStore, path_glob: str | None, language: str | None) -> 
     ]
 
 
-def lexical(store: IndexStore, text: str, n: int, allowed: set[int] | None) -> list[tuple[int, float]]:
-    q = _fts_query(text)
+def lexical(
+    store: IndexStore, text: str, n: int, allowed: set[int] | None, drop_stopwords: bool = True
+) -> list[tuple[int, float]]:
+    q = _fts_query(text, drop_stopwords) or _fts_query(text, False)
     if not q:
         return []
     # weights: symbol name, path, body, split identifiers
@@ -57,27 +60,75 @@ def lexical(store: IndexStore, text: str, n: int, allowed: set[int] | None) -> l
     return [(i, -s) for i, s in rows if allowed is None or i in allowed][:n]
 
 
-def symbols(store: IndexStore, text: str, allowed: set[int] | None) -> list[int]:
-    """Chunks that define an identifier named in the query (definitions beat mentions). Plain words match only
-    with their exact case, so 'token' in a sentence does not pull in a type named Token."""
-    idents = [w for w in IDENT.findall(text) if len(w) > 2]
-    if not idents:
-        return []
+def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] | None) -> list[int]:
+    """Chunks that define an identifier the query names (rank.classify decides which tokens are identifiers, so
+    English words never reach here). Exact case first, then any case (parseArgs finds parse_args' cousin
+    ParseArgs); a dotted name (Class.method, pkg::fn) is looked up by its last part."""
     db = store.connect()
     out: list[int] = []
-    for ident in idents:
-        code_like = "_" in ident or any(c.isupper() for c in ident[1:]) or any(c.isdigit() for c in ident)
-        sql = "SELECT id FROM chunks WHERE symbol = ?"
-        if code_like:
-            sql += " OR lower(symbol) = lower(?)"
+    for ident in identifiers:
+        name = re.split(r"\.|::|->", ident)[-1]
+        if len(name) < 3:
+            continue
         rows = db.execute(
-            sql + " ORDER BY symbol = ? DESC", (ident, ident, ident) if code_like else (ident, ident)
+            "SELECT id FROM chunks WHERE symbol = ? OR lower(symbol) = lower(?) ORDER BY symbol = ? DESC",
+            (name, name, name),
         ).fetchall()
         out.extend(r[0] for r in rows if allowed is None or r[0] in allowed)
     return list(dict.fromkeys(out))
 
 
+def phrase(store: IndexStore, text: str, n: int, allowed: set[int] | None) -> list[tuple[int, float]]:
+    """Chunks whose text holds the query's words in order: a quoted error message, prompt or log line."""
+    words = [w.lower() for w in WORD.findall(text)]
+    if len(words) < 3:
+        return []
+    q = 'text : "' + " ".join(words) + '"'
+    rows = (
+        store.connect()
+        .execute(
+            "SELECT rowid, bm25(chunks_fts) AS s FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY s LIMIT ?",
+            (q, n * 4 if allowed is not None else n),
+        )
+        .fetchall()
+    )
+    return [(i, -s) for i, s in rows if allowed is None or i in allowed][:n]
+
+
 _LEXICAL_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpubox-lexical")
+
+
+def legs(
+    store: IndexStore,
+    index: Any,
+    embed: Callable[[], Any] | None,
+    text: str,
+    mode: str,
+    n: int,
+    allowed_list: list[int] | None,
+    profile: QueryProfile,
+) -> dict[str, list[tuple[int, float]]]:
+    """Each leg's ranked (chunk id, score) list. `embed` computes the query vector; it runs while SQLite answers
+    the lexical side on another thread (torch, FAISS and SQLite all release the GIL, so the legs overlap)."""
+    allowed = set(allowed_list) if allowed_list is not None else None
+
+    def lexical_side() -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        if mode in ("hybrid", "lexical"):
+            out["lexical"] = lexical(store, text, n, allowed)
+        if mode == "hybrid":
+            out["phrase"] = phrase(store, text, n, allowed)
+        if mode == "hybrid" and profile.identifiers:
+            out["symbol"] = [(i, 1.0) for i in symbols(store, profile.identifiers, allowed)][:n]
+        return out
+
+    pending = _LEXICAL_POOL.submit(lexical_side) if mode != "vector" else None
+    lists: dict[str, list[tuple[int, float]]] = {}
+    if mode in ("hybrid", "vector") and embed is not None:
+        lists["vector"] = vectors.search(index, embed(), n, allowed_list)
+    if pending is not None:
+        lists.update(pending.result())
+    return lists
 
 
 def hybrid(
@@ -89,37 +140,24 @@ def hybrid(
     n: int,
     path_glob: str | None,
     language: str | None,
+    cfg: RankConfig = DEFAULT,
 ) -> list[Ranked]:
-    """`embed` computes the query vector; it runs while SQLite answers the lexical side on another thread
-    (torch, FAISS and SQLite all release the GIL, so the two legs overlap on two cores)."""
-    allowed_list = _allowed(store, path_glob, language)
-    allowed = set(allowed_list) if allowed_list is not None else None
-
-    def lexical_side() -> dict[str, list[tuple[int, float]]]:
-        out: dict[str, list[tuple[int, float]]] = {}
-        if mode in ("hybrid", "lexical"):
-            out["lexical"] = lexical(store, text, n, allowed)
-        if mode == "hybrid":
-            out["symbol"] = [(i, 1.0) for i in symbols(store, text, allowed)][:n]
-        return out
-
-    pending = _LEXICAL_POOL.submit(lexical_side) if mode != "vector" else None
-    lists: dict[str, list[tuple[int, float]]] = {}
-    if mode in ("hybrid", "vector") and embed is not None:
-        lists["vector"] = vectors.search(index, embed(), n, allowed_list)
-    if pending is not None:
-        lists.update(pending.result())
+    """vector / lexical: that leg's ranking as is. hybrid: the legs fused with weights chosen by what the query
+    looks like, then the ranking stage (rank.rerank) over the fused candidates."""
+    profile = classify(text)
+    lists = legs(store, index, embed, text, mode, n, _allowed(store, path_glob, language), profile)
     if mode != "hybrid":
-        (only,) = lists.values()
+        only = lists.get(mode, [])
         return [Ranked(i, s, [mode]) for i, s in only]
-    fused: dict[int, Ranked] = {}
-    for source, items in lists.items():
-        weight = 2.0 if source == "symbol" else 1.0  # a definition of a named identifier is the best answer
-        for rank, (i, _) in enumerate(items):
-            r = fused.setdefault(i, Ranked(i, 0.0, []))
-            r.score += weight / (RRF_K + rank + 1)
-            r.sources.append(source)
-    return sorted(fused.values(), key=lambda r: -r.score)
+    return rank_lists(store, lists, profile, cfg)
+
+
+def rank_lists(
+    store: IndexStore, lists: dict[str, list[tuple[int, float]]], profile: QueryProfile, cfg: RankConfig = DEFAULT
+) -> list[Ranked]:
+    fused = fuse(lists, profile, cfg)
+    rows = store.chunks([s.id for s in fused])
+    return [Ranked(s.id, s.score, s.sources) for s in rerank(fused, rows, profile, cfg)]
 
 
 def snippet(text: str, query: str, budget: int) -> tuple[str, bool]:

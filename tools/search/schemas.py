@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+IndexState = Literal["ready", "indexing", "failed", "empty", "interrupted"]
+
 
 class IndexProgress(BaseModel):
     phase: str
@@ -77,7 +79,10 @@ class IndexInfo(BaseModel):
     dim: int | None
     size_bytes: int
     last_indexed: str | None
-    state: Literal["ready", "indexing", "failed", "empty"]
+    state: IndexState = Field(
+        description="interrupted: the last run stopped (process killed) after committing some batches; "
+        "search_index resumes it"
+    )
     progress: IndexProgress | None = None
     error: str | None = None
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
-from gpubox.paths import resolve_inside
 from gpubox.settings import Settings
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
@@ -21,6 +20,8 @@ from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder, default_model_path
 from gpubox.tools.search.indexer import Cancelled, IndexReport, Progress, embed_text, ensure_not_running, run_index, sha
 from gpubox.tools.search.query import hybrid, snippet
+from gpubox.tools.search.runstate import unfinished_run
+from gpubox.tools.search.safe_io import read_inside, resolve_root
 from gpubox.tools.search.schemas import (
     DropResult,
     DryRun,
@@ -28,6 +29,7 @@ from gpubox.tools.search.schemas import (
     IndexList,
     IndexProgress,
     IndexResult,
+    IndexState,
     SearchHit,
     SearchResults,
 )
@@ -96,7 +98,7 @@ class SearchService:
     def start_index(
         self, path: str, name: str | None, include: list[str], exclude: list[str], max_file_bytes: int | None
     ) -> tuple[str, Path, Progress]:
-        root = resolve_inside(path, self.settings.allowed_roots, what="directory")
+        root = resolve_root(path, self.settings.allowed_roots)
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
         name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
@@ -124,7 +126,10 @@ class SearchService:
                 progress.error = str(exc) or type(exc).__name__
             finally:
                 progress.finished = time.time()
-                store.close()  # this thread's connection
+                try:
+                    store.close_thread()  # this worker's connection; queries may still use theirs
+                finally:
+                    progress.done.set()
 
         threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
         return name, root, progress
@@ -164,7 +169,7 @@ class SearchService:
     def dry_run(
         self, path: str, name: str | None, include: list[str], exclude: list[str], max_file_bytes: int | None
     ) -> IndexResult:
-        root = resolve_inside(path, self.settings.allowed_roots, what="directory")
+        root = resolve_root(path, self.settings.allowed_roots)
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
         name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
@@ -178,7 +183,10 @@ class SearchService:
         files_by, chunks_by = Counter[str](), Counter[str]()
         todo = text_bytes = 0
         for rel, lang in res.files:
-            text = (root / rel).read_text(encoding="utf-8", errors="replace")
+            data = read_inside(root, rel)
+            if data is None:
+                continue
+            text = data.decode("utf-8", errors="replace")
             files_by[lang] += 1
             for c in chunk_text(text, lang):
                 chunks_by[lang] += 1
@@ -250,7 +258,10 @@ class SearchService:
         meta = store.meta()
         if not meta.get("generation"):
             job = self._jobs.get(name)
-            state = job.message() if job and job.finished is None else "not built"
+            if job and job.finished is None:
+                state = job.message()
+            else:
+                state = "the last indexing run was interrupted" if unfinished_run(meta) else "not built"
             raise NotFoundError(f"index '{name}' has no committed data yet ({state}); poll search_list")
         if meta.get("model") != str(self.embedder.model_path) and mode != "lexical":
             raise InvalidInputError(
@@ -316,11 +327,16 @@ class SearchService:
         store = self.store(name)
         meta = store.meta()
         files, chunks = store.counts()
-        state = (
+        state: IndexState = (
             "indexing"
             if running
             else ("failed" if job and job.error else ("ready" if meta.get("generation") else "empty"))
         )
+        progress = progress_model(job) if job else None
+        error = job.error if job else None
+        unfinished = unfinished_run(meta) if job is None else None
+        if unfinished is not None:
+            state, progress, error = unfinished
         updated = meta.get("updated")
         return IndexInfo(
             name=name,
@@ -332,12 +348,14 @@ class SearchService:
             size_bytes=store.size_bytes(),
             state=state,
             last_indexed=datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds") if updated else None,
-            progress=progress_model(job) if job else None,
-            error=job.error if job else None,
+            progress=progress,
+            error=error,
         )
 
     def list(self) -> IndexList:
-        names = sorted(set(self.names()) | set(self._jobs))
+        with self._lock:
+            jobs = set(self._jobs)
+        names = sorted(set(self.names()) | jobs)
         return IndexList(indexes=[self.info(n) for n in names])
 
     def drop(self, name: str) -> DropResult:
@@ -348,9 +366,9 @@ class SearchService:
             store = self._stores.pop(name, None)
             self._faiss.pop(name, None)
             self._jobs.pop(name, None)
-        size = (store or IndexStore(self.base / name)).size_bytes()
-        if store:
-            store.close()
+        store = store or IndexStore(self.base / name)
+        size = store.size_bytes()
+        store.close()
         shutil.rmtree(self.base / name)
         return DropResult(name=name, dropped=True, freed_bytes=size)
 

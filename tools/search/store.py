@@ -66,17 +66,25 @@ class IndexStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db_path = directory / "index.sqlite"
         self._local = threading.local()
+        # every connection any thread opened, so close() can close them all: worker threads (anyio's pool, the
+        # lexical pool, indexing jobs) outlive a request and would otherwise leak their connection
+        self._open: set[sqlite3.Connection] = set()
+        self._open_lock = threading.Lock()
         with self.connect() as db:
             db.executescript(SCHEMA)
         self.sweep()
 
     # --- connections ----------------------------------------------------------------------------
     def connect(self) -> sqlite3.Connection:
+        """This thread's connection (WAL: readers never block the writer or each other)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=True)
+        if db is None or db not in self._open:  # none yet, or closed by close() from another thread
+            # check_same_thread=False only so close() may close it from another thread; it is used by one thread
+            db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            with self._open_lock:
+                self._open.add(db)
             self._local.db = db
         return db
 
@@ -91,11 +99,25 @@ class IndexStore:
             raise
         db.execute("COMMIT")
 
-    def close(self) -> None:
-        db = getattr(self._local, "db", None)
+    def close_thread(self) -> None:
+        """Close the calling thread's connection (a finished worker thread), leaving other threads' open."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        self._local.db = None
         if db is not None:
+            with self._open_lock:
+                self._open.discard(db)
             db.close()
-            self._local.db = None
+
+    def close(self) -> None:
+        """Close every connection this store opened, whichever thread opened it."""
+        with self._open_lock:
+            dbs, self._open = list(self._open), set()
+        for db in dbs:
+            db.close()
+        self._local.db = None
+
+    def open_connections(self) -> int:
+        return len(self._open)
 
     # --- meta -----------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:

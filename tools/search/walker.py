@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpubox.tools.search.safe_io import read_inside
 
 EXCLUDED_DIRS = {
     ".git",
@@ -125,21 +128,21 @@ def language_of(name: str) -> str | None:
     return LANGUAGES.get(os.path.splitext(name)[1].lower())
 
 
-def _gitignore_spec(dirpath: Path) -> object | None:
-    path = dirpath / ".gitignore"
-    if not path.is_file():
+def _gitignore_spec(root: Path, rel_dir: str) -> object | None:
+    # read without following links: a .gitignore symlinked to a file outside the roots is ignored, so its
+    # content (and whether it exists) never shows through what gets excluded
+    data = read_inside(root, f"{rel_dir}/.gitignore" if rel_dir else ".gitignore", limit=1_000_000)
+    if data is None:
         return None
     import pathspec
 
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = data.decode("utf-8", errors="replace").splitlines()
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def _looks_binary_or_generated(path: Path) -> str | None:
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(8192)
-    except OSError:
+def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
+    head = read_inside(root, rel, limit=8192)
+    if head is None:
         return "unreadable"
     if b"\x00" in head:
         return "binary"
@@ -167,7 +170,8 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
 
     for dirpath_s, dirnames, filenames in os.walk(root, followlinks=False):
         dirpath = Path(dirpath_s)
-        spec = _gitignore_spec(dirpath)
+        rel_dir = dirpath.relative_to(root).as_posix()
+        spec = _gitignore_spec(root, "" if rel_dir == "." else rel_dir)
         if spec is not None:
             specs.append((dirpath, spec))
         keep = []
@@ -187,9 +191,16 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
             rel = full.relative_to(root).as_posix()
             lang = language_of(name)
             reason = None
-            if full.is_symlink():
-                target = full.resolve()
-                reason = "symlink outside the root" if not target.is_relative_to(root) else "symlink"
+            try:
+                st = full.lstat()
+            except OSError:
+                st = None
+            if st is None:
+                reason = "unreadable"
+            elif stat.S_ISLNK(st.st_mode):
+                reason = "symlink"  # never followed; where it points is not reported
+            elif not stat.S_ISREG(st.st_mode):
+                reason = "not a regular file"
             elif ignored(full, False):
                 reason = ".gitignore"
             elif name in LOCK_FILES:
@@ -203,18 +214,13 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
             elif lang is None:
                 reason = "unsupported file type"
             else:
-                try:
-                    size = full.stat().st_size
-                except OSError:
-                    size = -1
-                if size < 0:
-                    reason = "unreadable"
-                elif size > options.max_file_bytes:
+                size = st.st_size
+                if size > options.max_file_bytes:
                     reason = f"over {options.max_file_bytes} bytes"
                 elif size == 0:
                     reason = "empty"
                 else:
-                    reason = _looks_binary_or_generated(full)
+                    reason = _looks_binary_or_generated(root, rel)
             if reason:
                 excluded[reason] += 1
             else:

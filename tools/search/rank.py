@@ -1,0 +1,245 @@
+"""The ranking stage of hybrid search: what the query looks like, weighted fusion of the legs, then rules over
+the fused candidates (definitions over mentions, file names that match the query, test/vendored/example paths
+down, files with several hits up, overlapping hits removed).
+
+The rules follow semble's ranking stage (MinishLab, MIT, https://github.com/MinishLab/semble: symbol-query
+detection, definition boosts, file-stem matches, path penalties); every constant below was tuned on the dev split
+of bench/search_eval and each rule's effect is measured there (bench/results/search_ranking_ablation.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Literal
+
+from gpubox.tools.search.store import CAMEL, ChunkRow
+
+QueryKind = Literal["symbol", "mixed", "nl"]
+
+# A token that can only be code: snake_case, camelCase/PascalCase with an inner capital, dotted or :: paths, a
+# call `f()`. Plain words ("command", "Option", "UTC") are never identifiers inside a sentence.
+_TOKEN = re.compile(r"[A-Za-z_][\w]*(?:(?:\.|::|->)[A-Za-z_]\w*)*(?:\(\))?")
+_SNAKE = re.compile(r"^_*[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+_*$|^_\w+$")
+_INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
+_QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_STOP = (
+    "a an and are as at be by can do does for from has have how if in into is it its it's not of on or over so "
+    "such than that the their them then there these this those through to was what when where which while who "
+    "whose why will with without would should could one any all each every only until"
+)
+STOPWORDS = frozenset(_STOP.split())
+DEFINITION_KINDS = frozenset(
+    {"function", "method", "class", "type", "struct", "enum", "trait", "interface", "impl", "macro", "module"}
+)
+# path parts that mark code a user rarely means: tests, vendored deps, generated code, examples, compat shims
+_TEST_FILE = re.compile(
+    r"(?:^|/)(?:test_[^/]*|[^/]*_test\.\w+|[^/]*\.(?:test|spec)\.[jt]sx?|[^/]*Tests?\.(?:java|kt|cs|swift))$"
+)
+_TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing|testdata|benchmarks?)/")
+_VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|build|generated|_generated)/")
+_GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\.d\.ts)$")
+_EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?|demos?|samples?|compat|_compat|legacy)/")
+
+
+@dataclass(frozen=True)
+class QueryProfile:
+    kind: QueryKind
+    identifiers: tuple[str, ...]  # tokens only code has; the symbol leg looks these up as definitions
+    words: tuple[str, ...]  # lower-cased content words (stopwords dropped), for file-name and name matching
+
+
+def is_identifier(token: str) -> bool:
+    t = token.removesuffix("()")
+    return bool(
+        _SNAKE.match(t) or _INNER_CAP.search(t) or "." in t or "::" in t or "->" in t or t != token
+    ) and any(c.isalpha() for c in t)
+
+
+def classify(query: str) -> QueryProfile:
+    """'get_parameter_source' -> symbol; 'where is parseArgs called' -> mixed; 'format the help text' -> nl.
+
+    A one-token query is a name lookup whatever its case; in a longer query only code-looking tokens (and quoted
+    ones that look like code) are identifiers, so English words such as 'command' or 'error' never are."""
+    text = query.strip()
+    quoted = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)]
+    tokens = _TOKEN.findall(text)
+    idents = [t.removesuffix("()") for t in tokens if is_identifier(t)]
+    idents += [q for q in quoted if _TOKEN.fullmatch(q) and q not in idents]
+    bare = text.strip("`\"'").removesuffix("()")
+    if len(tokens) == 1 and _TOKEN.fullmatch(bare):
+        idents = [bare]
+        kind: QueryKind = "symbol"
+    else:
+        kind = "mixed" if idents else "nl"
+    words = []
+    for w in _WORD.findall(text):
+        for part in [w, *CAMEL.findall(w)] if _INNER_CAP.search(w) else [w]:
+            p = part.lower()
+            if len(p) > 2 and p not in STOPWORDS and p not in words:
+                words.append(p)
+    return QueryProfile(kind, tuple(dict.fromkeys(idents)), tuple(words))
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """Weights of the fusion and of each rule; `replace(DEFAULT, rule=0)` switches a rule off (the ablation)."""
+
+    rrf_k: int = 60
+    # leg weights per query kind: a named identifier is found by its definition and by BM25; a description by
+    # both BM25 and the embedding
+    weights: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {
+            "symbol": {"symbol": 2.0, "phrase": 2.0, "lexical": 1.0, "vector": 0.5},
+            "mixed": {"symbol": 1.5, "phrase": 2.0, "lexical": 1.0, "vector": 0.8},
+            "nl": {"symbol": 0.0, "phrase": 2.0, "lexical": 1.0, "vector": 1.0},
+        }
+    )
+    definition: float = 1.0  # + this x top score when the chunk defines a named identifier
+    name_match: float = 0.5  # + this x top score x share of a definition's name parts that the query names
+    stem: float = 0.3  # + this x top score x share of query words found in the file name / folder
+    coherence: float = 0.2  # + this x top score x file's share of candidate score, on the file's best chunk
+    mention: float = 0.8  # x for chunks that define nothing (module code, windows) when definitions compete
+    path_penalty: float = 0.3  # x for tests, vendored, generated and example code
+    dedupe: bool = True  # drop a hit whose lines overlap a better hit in the same file
+
+
+DEFAULT = RankConfig()
+
+
+@dataclass
+class Scored:
+    id: int
+    score: float
+    sources: list[str]
+
+
+def fuse(lists: dict[str, list[tuple[int, float]]], profile: QueryProfile, cfg: RankConfig = DEFAULT) -> list[Scored]:
+    """Weighted reciprocal-rank fusion (Cormack et al., SIGIR 2009) with weights chosen by the query's kind."""
+    weights = cfg.weights[profile.kind]
+    fused: dict[int, Scored] = {}
+    for source, items in lists.items():
+        w = weights.get(source, 1.0)
+        if w <= 0:
+            continue
+        for rank, (i, _) in enumerate(items):
+            s = fused.setdefault(i, Scored(i, 0.0, []))
+            s.score += w / (cfg.rrf_k + rank + 1)
+            s.sources.append(source)
+    return sorted(fused.values(), key=lambda s: -s.score)
+
+
+def path_penalty(path: str) -> bool:
+    p = path.replace("\\", "/")
+    return bool(
+        _TEST_FILE.search(p) or _TEST_DIR.search(p) or _VENDOR_DIR.search(p) or _GENERATED_FILE.search(p)
+        or _EXAMPLE_DIR.search(p)
+    )  # fmt: skip
+
+
+def _parts(name: str) -> list[str]:
+    return [p.lower() for piece in re.split(r"[^A-Za-z0-9]+", name) for p in CAMEL.findall(piece) if len(p) > 1]
+
+
+def _covers(word: str, part: str) -> bool:
+    """'mappings' covers 'mapping', 'merge' covers 'merges': a shared prefix of 4+ letters counts as the same word."""
+    if word == part:
+        return True
+    n = min(len(word), len(part))
+    return n >= 4 and word[:n] == part[:n] and abs(len(word) - len(part)) <= 3
+
+
+def defines(row: ChunkRow, identifiers: tuple[str, ...]) -> bool:
+    if not row.symbol or row.kind not in DEFINITION_KINDS:
+        return False
+    sym = row.symbol.lower()
+    for ident in identifiers:
+        last = re.split(r"\.|::|->", ident)[-1].lower()
+        if sym == ident.lower() or sym == last:
+            return True
+    return False
+
+
+def name_share(symbol: str, words: tuple[str, ...]) -> float:
+    """Share of a definition's name parts (parse_config -> parse, config) that the query mentions."""
+    parts = _parts(symbol)
+    if len(parts) < 2 or not words:
+        return 0.0
+    return sum(1 for p in parts if any(_covers(w, p) for w in words)) / len(parts)
+
+
+def stem_share(path: str, words: tuple[str, ...]) -> float:
+    """Share of the query's words that name the file or its folder (md_docs.go for 'markdown docs')."""
+    if not words:
+        return 0.0
+    pp = PurePosixPath(path)
+    parts = set(_parts(pp.stem)) | set(_parts(pp.parent.name))
+    if not parts:
+        return 0.0
+    return sum(1 for w in words if any(_covers(w, p) for p in parts)) / len(words)
+
+
+def rerank(
+    fused: list[Scored], rows: dict[int, ChunkRow], profile: QueryProfile, cfg: RankConfig = DEFAULT
+) -> list[Scored]:
+    """Apply the ranking rules to fused candidates whose rows are known; returns them best first."""
+    cands = [s for s in fused if s.id in rows]
+    if not cands:
+        return []
+    top = max(s.score for s in cands)
+    out = [Scored(s.id, s.score, list(s.sources)) for s in cands]
+    any_def = any(rows[s.id].kind in DEFINITION_KINDS for s in out)
+    for s in out:
+        r = rows[s.id]
+        bonus = 0.0
+        if cfg.definition and profile.identifiers and defines(r, profile.identifiers):
+            bonus += cfg.definition * top
+        elif cfg.name_match and r.symbol and r.kind in DEFINITION_KINDS:
+            share = name_share(r.symbol, profile.words)
+            bonus += cfg.name_match * top * share if share >= 0.5 else 0.0
+        if cfg.stem and profile.kind != "symbol":
+            share = stem_share(r.path, profile.words)
+            bonus += cfg.stem * top * share
+        s.score += bonus
+        if any_def and r.kind not in DEFINITION_KINDS:
+            s.score *= cfg.mention
+        if path_penalty(r.path):
+            s.score *= cfg.path_penalty
+    if cfg.coherence:
+        per_file: dict[str, float] = {}
+        best: dict[str, Scored] = {}
+        for s in out:
+            p = rows[s.id].path
+            per_file[p] = per_file.get(p, 0.0) + s.score
+            if p not in best or s.score > best[p].score:
+                best[p] = s
+        most = max(per_file.values())
+        for p, s in best.items():
+            s.score += cfg.coherence * top * per_file[p] / most
+    out.sort(key=lambda s: -s.score)
+    if cfg.dedupe:
+        out = dedupe(out, rows)
+    return out
+
+
+def dedupe(ranked: list[Scored], rows: dict[int, ChunkRow]) -> list[Scored]:
+    """Keep the better of two hits whose line spans overlap in one file (a class and its own method, overlapping
+    windows): the later one adds nothing a reader of the first has not seen. The kept hit inherits its sources."""
+    kept: list[Scored] = []
+    spans: dict[str, list[tuple[int, int, Scored]]] = {}
+    for s in ranked:
+        r = rows[s.id]
+        hit = next((k for a, b, k in spans.get(r.path, []) if r.start_line <= b and r.end_line >= a), None)
+        if hit is not None:
+            hit.sources.extend(x for x in s.sources if x not in hit.sources)
+            continue
+        spans.setdefault(r.path, []).append((r.start_line, r.end_line, s))
+        kept.append(s)
+    return kept
+
+
+def without(cfg: RankConfig, **changes: object) -> RankConfig:
+    """A copy of `cfg` with some rules changed (ablations in bench/search_eval/tune_rank.py)."""
+    return replace(cfg, **changes)  # type: ignore[arg-type]
