@@ -134,6 +134,7 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
         "dataset_samples": 100,
         "max_length": 512,
         "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "gradient_checkpointing": True,
     }
     rec = await client.call_tool(
         "estimate_record_measurement",
@@ -143,8 +144,9 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
             "model": "Mistral-7B",
             "method": "qlora",
             "max_length": 512,
-            "micro_batch": 8,
+            "per_device_train_batch_size": 8,
             "gradient_checkpointing": True,
+            "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
             "peak_memory_gb": 12.0,
             "tokens_per_s": 900.0,
         },
@@ -165,5 +167,5 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
 async def test_an_unknown_calibration_kind_is_refused_with_the_valid_ones(client: Client) -> None:
     from mcp import MCPError
 
-    with pytest.raises(MCPError, match="inference, /training or /all"):
+    with pytest.raises(MCPError, match="training"):
         await client.read_resource("estimate://calibrations/benchmarks")

@@ -100,15 +100,6 @@ async def test_context_beyond_the_model_maximum_is_refused_with_the_limit(client
     assert result.is_error and "4096" in result.content[0].text  # type: ignore[union-attr]
 
 
-async def test_no_local_gpu_with_gpu_local_is_an_actionable_error(client: Client) -> None:
-    from tests.conftest import has_gpu
-
-    if has_gpu():
-        pytest.skip("a GPU is present")
-    result = await client.call_tool("estimate_inference", {"model": "Llama-3-8B", "gpu": "local"})
-    assert result.is_error and "gpu='all'" in result.content[0].text  # type: ignore[union-attr]
-
-
 def test_sliding_window_layers_hold_only_their_window() -> None:
     shape = package_catalog().model("Gemma-3-12B")
     naive = 2 * shape.kv_heads * shape.head_dim * 2 * shape.layers

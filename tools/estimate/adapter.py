@@ -3,13 +3,17 @@ estimate_record_measurement. Thin adapters over gpubox.tools.estimate.service.""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
+from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
+from gpubox.tools.estimate.requests import Method, Optim, TrainingRequest
 from gpubox.tools.estimate.schemas import (
     GpuCatalog,
     InferenceEstimate,
@@ -31,8 +35,10 @@ ModelArg = Annotated[
 GpuArg = Annotated[
     str,
     Field(
-        description="'auto' (local GPUs if any, else all), 'local' (GPUs NVML sees, planned on free memory), "
-        "'all' (ranked comparison of every catalogued GPU) or a catalog name such as 'A10' or 'H100-SXM'",
+        description="'auto' (local GPUs if any, else all), 'local' (the GPUs CUDA would use, described from NVML and "
+        "planned on free memory; without a GPU, the CPU and its RAM), "
+        "'all' (ranked comparison of every catalogued GPU), 'cpu' (host RAM) or a catalog name such as 'A10', "
+        "'A100 40GB SXM' or 'H100-SXM' (exact names and aliases only; 'A100' alone is ambiguous)",
         min_length=1,
         max_length=100,
     ),
@@ -51,8 +57,9 @@ def register(mcp: MCPServer[Any]) -> None:
         weight_format: Annotated[
             str | None,
             Field(
-                description="f16, bf16, f32, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q4_1, q3_k_m, q2_k, nf4, nf4_dq, "
-                "int8; default: the GGUF file's own format, else bf16"
+                description="f16, bf16, f32, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, any GGUF type "
+                "(iq2_xxs, iq3_s, iq4_xs, tq2_0, ...), nf4, nf4_dq, int8; default: the GGUF file's own format, "
+                "else bf16"
             ),
         ] = None,
         context_length: Annotated[
@@ -64,83 +71,34 @@ def register(mcp: MCPServer[Any]) -> None:
             Literal["f16", "bf16", "q8_0", "q5_1", "q4_0", "f32"], Field(description="KV-cache element type")
         ] = "f16",
         gpu: GpuArg = "auto",
+        tokens_per_s: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                description="A quoted decode speed (tok/s) to check: flagged when above the GPU's bandwidth "
+                "ceiling or when the model does not fit; when plausible it prices the tokens",
+            ),
+        ] = None,
     ) -> InferenceEstimate:
         """Will this model fit, how fast, how much? VRAM breakdown (weights, KV cache from the real layer/head
         shape, compute buffers, overhead), fit and margin, largest context that fits, n_gpu_layers for a partial
         offload, decode and prefill tokens/s, and $ per million generated tokens per provider (with price dates).
         gpu='all' returns a ranked comparison. Uses measured calibrations for the GPU when they exist."""
-        return estimator(app_state(ctx)).inference(model, weight_format, context_length, batch, kv_cache_type, gpu)
-
-    @gpubox_tool(mcp, annotations=COMPUTE, title="Estimate training")
-    def estimate_training(
-        ctx: Context,
-        model: ModelArg,
-        method: Annotated[Literal["full", "lora", "qlora"], Field(description="Fine-tuning method")] = "qlora",
-        lora_rank: Annotated[int, Field(ge=1, le=1024, description="LoRA rank r")] = 16,
-        lora_target_modules: Annotated[
-            list[str] | None,
-            Field(
-                description="Projections to adapt: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or "
-                "['all-linear'] (default)",
-                max_length=7,
-            ),
-        ] = None,
-        max_length: Annotated[int, Field(ge=8, le=1_048_576, description="Training sequence length")] = 512,
-        micro_batch: Annotated[
-            int | None,
-            Field(ge=1, le=4096, description="Per-device micro-batch; omit for the planner's choice"),
-        ] = None,
-        gradient_checkpointing: Annotated[bool, Field(description="Recompute activations in backward")] = True,
-        optimizer: Annotated[
-            Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd"], Field(description="Optimizer")
-        ] = "paged_adamw_8bit",
-        weight_format: Annotated[
-            str | None,
-            Field(description="qlora: nf4_dq (default) or nf4; lora/full: bf16 (default), fp16, fp32"),
-        ] = None,
-        dataset_samples: Annotated[
-            int | None, Field(ge=1, description="Training samples (x max_length tokens)")
-        ] = None,
-        dataset_tokens: Annotated[int | None, Field(ge=1, description="Training tokens (overrides samples)")] = None,
-        num_train_epochs: Annotated[float, Field(gt=0, le=1000, description="Epochs")] = 1.0,
-        target_global_batch: Annotated[
-            int | None, Field(ge=1, le=1_000_000, description="Samples per optimizer step; sets accumulation")
-        ] = None,
-        gpu: GpuArg = "auto",
-        gpu_count: Annotated[int, Field(ge=1, le=1024, description="Data-parallel GPUs")] = 1,
-        headroom_pct: Annotated[float, Field(ge=0, le=50, description="Safety headroom kept free, %")] = 15.0,
-        tokens_per_s: Annotated[
-            float | None,
-            Field(
-                gt=0,
-                description="A quoted training throughput to use for time/cost; it is checked for "
-                "physical plausibility",
-            ),
-        ] = None,
-    ) -> TrainingEstimate:
-        """Memory, batch plan, time and cost of a fine-tune before anything is loaded: memory breakdown (weights
-        by format, trainable params, gradients, optimizer, activations with/without checkpointing, logits,
-        overhead), the largest micro-batch under the headroom, gradient accumulation for a target batch,
-        tokens/s from FLOPs and MFU, wall time, cost per provider and local electricity."""
-        return estimator(app_state(ctx)).training(
-            model,
-            method,
-            lora_rank,
-            lora_target_modules,
-            max_length,
-            micro_batch,
-            gradient_checkpointing,
-            optimizer,
-            weight_format,
-            dataset_samples,
-            dataset_tokens,
-            num_train_epochs,
-            target_global_batch,
-            gpu,
-            gpu_count,
-            headroom_pct,
-            tokens_per_s,
+        return estimator(app_state(ctx)).inference(
+            model, weight_format, context_length, batch, kv_cache_type, gpu, tokens_per_s
         )
+
+    def estimate_training(ctx: Context, **fields: Any) -> TrainingEstimate:
+        """Memory, batch plan, time and cost of a fine-tune before anything is loaded: memory breakdown (weights
+        by format, trainable params, gradients, optimizer state by `optim`, activations with/without
+        checkpointing, logits, overhead), the largest micro-batch under the headroom, gradient accumulation,
+        tokens/s from FLOPs and MFU; wall time, cost per provider and local electricity when a dataset size or
+        max_steps is given (null otherwise). Arguments are trl/peft/transformers names (lora_r,
+        lora_target_modules, max_length, per_device_train_batch_size, gradient_checkpointing, optim, ...)."""
+        return estimator(app_state(ctx)).training(build_request(TrainingRequest, fields))
+
+    flat_signature(estimate_training, TrainingRequest, TrainingEstimate)
+    gpubox_tool(mcp, annotations=COMPUTE, title="Estimate training")(estimate_training)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU catalog")
     def estimate_gpus(
@@ -154,34 +112,50 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Calibrations")
     def estimate_calibrations(
         ctx: Context,
-        kind: Annotated[Literal["inference", "training"] | None, Field(description="Filter by kind")] = None,
-        gpu: Annotated[str | None, Field(description="Filter by catalog GPU id", max_length=100)] = None,
+        kind: Annotated[
+            Literal["inference", "training", "device"] | None,
+            Field(description="Filter: measured runs of a kind, or 'device' for measured device profiles"),
+        ] = None,
+        gpu: Annotated[str | None, Field(description="Filter by catalog GPU id (or 'cpu')", max_length=100)] = None,
     ) -> MeasurementList:
-        """Measured runs (benchmarks, fine-tuning jobs, recorded measurements) that estimates use instead of
-        defaults, newest first."""
+        """Measured runs (benchmarks, fine-tuning jobs, recorded measurements) and measured device profiles
+        (memory bandwidth, TFLOPS per dtype) that estimates use instead of defaults, newest first."""
         est = estimator(app_state(ctx))
-        gpu_id = est.catalog.gpu(gpu).id if gpu and gpu.lower() != "cpu" else gpu
-        return MeasurementList(measurements=est.store.list(kind=kind, gpu=gpu_id), database=str(est.store.path))
+        gpu_id = est.device_spec(gpu).id if gpu else None
+        runs = [] if kind == "device" else est.store.list(kind=kind, gpu=gpu_id)
+        devices = est.store.devices(gpu=gpu_id) if kind in (None, "device") else []
+        return MeasurementList(measurements=runs, devices=devices, database=str(est.store.path))
 
     @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement")
     def estimate_record_measurement(
         ctx: Context,
         kind: Annotated[Literal["inference", "training"], Field(description="What was measured")],
-        gpu: Annotated[str, Field(description="Catalog GPU the run used", min_length=1, max_length=100)],
+        gpu: Annotated[
+            str, Field(description="Catalog GPU id, a local GPU's NVML name, or 'cpu'", min_length=1, max_length=100)
+        ],
         model: ModelArg,
         tokens_per_s: Annotated[float, Field(gt=0, description="Decode tok/s (inference) or training tok/s")],
         peak_memory_gb: Annotated[float | None, Field(gt=0, description="Peak GPU memory of the run, GB")] = None,
         prefill_tokens_per_s: Annotated[float | None, Field(gt=0, description="Inference prefill tok/s")] = None,
         weight_format: Annotated[str | None, Field(description="Weight format of the run")] = None,
         context_length: Annotated[int, Field(ge=0, description="Inference: context in use")] = 0,
-        method: Annotated[Literal["full", "lora", "qlora"], Field(description="Training method")] = "qlora",
-        max_length: Annotated[int, Field(ge=8, description="Training sequence length")] = 512,
-        micro_batch: Annotated[int, Field(ge=1, description="Training micro-batch")] = 1,
+        method: Annotated[Method, Field(description="Training method")] = "qlora",
+        max_length: Annotated[int, Field(ge=8, le=1_048_576, description="Training sequence length")] = 512,
+        per_device_train_batch_size: Annotated[int, Field(ge=1, le=4096, description="Training micro-batch")] = 1,
         gradient_checkpointing: Annotated[bool, Field(description="Training used checkpointing")] = True,
+        lora_r: Annotated[int, Field(ge=1, le=1024, description="LoRA rank of the run")] = 16,
+        lora_target_modules: Annotated[
+            list[str] | Literal["all-linear"] | None,
+            Field(description="LoRA target modules of the run (default all-linear)"),
+        ] = None,
+        optim: Annotated[Optim, Field(description="Optimizer of the run (TrainingArguments.optim)")] = (
+            "paged_adamw_8bit"
+        ),
         note: Annotated[str | None, Field(max_length=500, description="Where the figure came from")] = None,
     ) -> Measurement:
         """Store a measured run so later estimates for the same GPU use its efficiency/MFU and memory factor
-        (derived from the model's real shape). Returns the stored row; list them with estimate_calibrations."""
+        (derived from the model's real shape). Training calibrations apply only to comparable runs: same
+        method, lora_r, lora_target_modules, optim and gradient_checkpointing. Returns the stored row."""
         est = estimator(app_state(ctx))
         if kind == "inference":
             return est.record_inference(
@@ -192,10 +166,37 @@ def register(mcp: MCPServer[Any]) -> None:
             model,
             method,
             max_length,
-            micro_batch,
+            per_device_train_batch_size,
             gradient_checkpointing,
             tokens_per_s,
             peak_memory_gb,
+            lora_r=lora_r,
+            lora_target_modules=lora_target_modules,
+            optim=optim,
             weight_format=weight_format,
             note=note,
         )
+
+
+def build_request(model_cls: type[TrainingRequest], fields: dict[str, Any]) -> TrainingRequest:
+    """The request model from the tool's flat arguments; a cross-field error becomes an actionable message."""
+    try:
+        return model_cls(**fields)
+    except ValidationError as exc:
+        msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInputError(msgs) from exc
+
+
+def flat_signature(fn: Callable[..., Any], model_cls: type[BaseModel], returns: type[BaseModel]) -> None:
+    """Give `fn(ctx, **fields)` one keyword parameter per field of `model_cls` (same names, types, bounds and
+    descriptions), so the MCP tool schema and the request model cannot drift apart."""
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
+    annotations: dict[str, Any] = {"ctx": Context}
+    for name, f in model_cls.model_fields.items():
+        ann = Annotated[(f.annotation, *f.metadata, Field(description=f.description))]  # type: ignore[valid-type]
+        default = inspect.Parameter.empty if f.is_required() else f.default
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default))
+        annotations[name] = ann
+    annotations["return"] = returns
+    fn.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
+    fn.__annotations__ = annotations

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpubox.tools.estimate.schemas import Measurement
+from gpubox.tools.estimate.schemas import DeviceProfile, Measurement
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -30,7 +32,17 @@ CREATE TABLE IF NOT EXISTS measurements (
     note TEXT
 );
 CREATE INDEX IF NOT EXISTS measurements_gpu ON measurements (kind, gpu);
+CREATE TABLE IF NOT EXISTS devices (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    gpu TEXT NOT NULL,
+    memory_bandwidth_gbs REAL,
+    tflops TEXT NOT NULL DEFAULT '{}',
+    note TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS devices_gpu ON devices (gpu);
 """
+DEVICE_COLUMNS = ["id", "gpu", "memory_bandwidth_gbs", "tflops", "note", "created_at"]
 
 COLUMNS = [
     "id",
@@ -59,10 +71,14 @@ class CalibrationStore:
         with self._connect() as db:
             db.executescript(SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=10)
-        db.execute("PRAGMA journal_mode=WAL")
-        return db
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """One short-lived connection, committed on success and always closed: `with sqlite3.connect()` alone
+        commits but leaves the connection open (a ResourceWarning, and a file handle, per call)."""
+        with closing(sqlite3.connect(self.path, timeout=10)) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            with db:
+                yield db
 
     def record(self, kind: str, gpu: str, model: str, **fields: Any) -> Measurement:
         cfg = json.dumps(fields.pop("config", {}) or {}, sort_keys=True, default=str)
@@ -129,5 +145,48 @@ class CalibrationStore:
             runs = near or runs
         return runs[0] if runs else None
 
-    def close(self) -> None:  # connections are per call; nothing held open
+    # --- measured device profiles (memory bandwidth, matrix TFLOPS per dtype) -------------------------
+    def record_device(
+        self, gpu: str, memory_bandwidth_gbs: float | None, tflops: dict[str, float], note: str | None = None
+    ) -> DeviceProfile:
+        """Store a measured profile of a device (`gpu` = catalog id, or 'cpu'); estimates on that device use
+        it in place of the catalog's peak figures."""
+        if memory_bandwidth_gbs is not None and not memory_bandwidth_gbs > 0:
+            raise ValueError(f"memory_bandwidth_gbs must be positive, got {memory_bandwidth_gbs}")
+        bad = {k: v for k, v in tflops.items() if not (isinstance(v, int | float) and v > 0)}
+        if bad:
+            raise ValueError(f"tflops values must be positive numbers: {bad}")
+        clean = {k.lower(): float(v) for k, v in tflops.items()}
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        with self._lock, self._connect() as db:
+            cur = db.execute(
+                "INSERT INTO devices (gpu, memory_bandwidth_gbs, tflops, note, created_at) VALUES (?, ?, ?, ?, ?)",
+                (gpu, memory_bandwidth_gbs, json.dumps(clean, sort_keys=True), note, when),
+            )
+            rowid = cur.lastrowid
+        assert rowid is not None
+        found = self.devices(gpu=gpu, limit=1)
+        return found[0]
+
+    def devices(self, gpu: str | None = None, limit: int = 200) -> list[DeviceProfile]:
+        sql = f"SELECT {', '.join(DEVICE_COLUMNS)} FROM devices"
+        args: list[Any] = []
+        if gpu:
+            sql += " WHERE gpu = ?"
+            args.append(gpu)
+        sql += " ORDER BY id DESC LIMIT ?"
+        with self._connect() as db:
+            rows = db.execute(sql, [*args, limit]).fetchall()
+        out = []
+        for row in rows:
+            d = dict(zip(DEVICE_COLUMNS, row, strict=True))
+            d["tflops"] = json.loads(d["tflops"] or "{}")
+            out.append(DeviceProfile(**d))
+        return out
+
+    def latest_device(self, gpu: str) -> DeviceProfile | None:
+        found = self.devices(gpu=gpu, limit=1)
+        return found[0] if found else None
+
+    def close(self) -> None:  # connections are per call and closed after it; nothing held open
         return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpubox.errors import ConfigError, UnknownNameError
+from gpubox.errors import ConfigError, InvalidInputError, UnknownNameError
 from gpubox.tools.estimate.schemas import ProviderCost
 
 
@@ -119,7 +119,14 @@ def _user_json(state_dir: Path | None, name: str) -> dict[str, Any]:
 
 
 def norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9.]", "", name.lower())
+    """Case, spaces, dashes and underscores, the vendor prefix and 'GB' vs ' GB' do not matter:
+    'NVIDIA A100-SXM4-40GB', 'a100 sxm4 40 gb' -> 'a100sxm440gb'."""
+    key = re.sub(r"[^a-z0-9.]", "", name.lower())
+    return key.removeprefix("nvidia")
+
+
+class AmbiguousNameError(InvalidInputError):
+    """A name matches the start of several entries (e.g. 'A100': 40/80 GB, SXM/PCIe)."""
 
 
 class Catalog:
@@ -149,16 +156,23 @@ class Catalog:
                 idx[norm(n)] = eid
         return idx
 
-    def gpu(self, name: str) -> GpuSpec:
+    def find_gpu(self, name: str) -> GpuSpec | None:
+        """Exact id or alias (normalised), else None: never a substring match, so 'L40' is not the L4."""
         key = self._gpu_index.get(norm(name))
-        if key is None:
-            # NVML names such as "NVIDIA H100 80GB HBM3" map through aliases; try a contained id as well
-            hits = [gid for gid in self.gpus if norm(gid) and norm(gid) in norm(name)]
-            if len(hits) == 1:
-                key = hits[0]
-        if key is None:
-            raise UnknownNameError("GPU", name, self.gpus.keys(), hint="Or pass 'local' or 'all'.")
-        return self.gpus[key]
+        return self.gpus[key] if key is not None else None
+
+    def gpu(self, name: str) -> GpuSpec:
+        found = self.find_gpu(name)
+        if found is not None:
+            return found
+        key = norm(name)
+        starts = sorted({gid for n, gid in self._gpu_index.items() if key and n.startswith(key)})
+        if len(starts) > 1:
+            raise AmbiguousNameError(
+                f"GPU name '{name}' is ambiguous: it could be {', '.join(starts)}. Pass one of these ids "
+                "(memory size and form factor change bandwidth and price)."
+            )
+        raise UnknownNameError("GPU", name, self.gpus.keys(), hint="Or pass 'local' or 'all'.")
 
     def model(self, name: str) -> ModelShape:
         key = self._model_index.get(norm(name))

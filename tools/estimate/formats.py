@@ -1,14 +1,22 @@
-"""Bytes per weight and per KV element for the formats llama.cpp, bitsandbytes and PyTorch use."""
+"""Bytes per weight and per KV element for the formats llama.cpp, bitsandbytes and PyTorch use.
+
+GGUF formats come from the `gguf` package's own enums (`LlamaFileType` for whole files, `GGMLQuantizationType`
+with `GGML_QUANT_SIZES` for bits per weight), so every type llama.cpp knows (IQ1..IQ4, TQ1/TQ2, MXFP4 ...) is
+costed at its real size. Without `gguf` installed a core table covers the common types.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from functools import cache
+from typing import Any, Literal
 
 from gpubox.errors import UnknownNameError
 
-# Effective bits per weight of the whole file, as llama.cpp reports model sizes (k-quants mix types:
-# Llama-3-8B Q4_K_M = 4.58 GiB -> 4.9 bpw; Llama-2-7B Q4_0 = 3.56 GiB -> 4.5 bpw, hardware.md).
-BITS_PER_WEIGHT: dict[str, float] = {
+# Effective bits per weight of a whole file as llama.cpp reports model sizes: k-quant files mix block types
+# (Llama-3-8B Q4_K_M = 4.58 GiB -> 4.9 bpw; Llama-2-7B Q4_0 = 3.56 GiB -> 4.5 bpw, llama-bench output in
+# github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference). These override the pure block sizes below.
+FILE_BITS_PER_WEIGHT: dict[str, float] = {
     "f32": 32.0,
     "f16": 16.0,
     "bf16": 16.0,
@@ -23,12 +31,33 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "q4_k_s": 4.58,
     "q4_1": 5.0,
     "q4_0": 4.5,
+    "q3_k_l": 4.27,
     "q3_k_m": 3.91,
     "q3_k_s": 3.5,
     "q2_k": 3.35,
-    "nf4": 4.5,  # bitsandbytes NF4, block 64 with an fp32 absmax
-    "nf4_dq": 4.127,  # NF4 with double quantisation of the absmax constants
+    # bitsandbytes NF4: 4 bits + one fp32 absmax per 64 weights; double quantisation stores the absmax in
+    # 8 bits with an fp32 constant per 256 blocks (QLoRA paper, arXiv 2305.14314, section 3)
+    "nf4": 4.5,
+    "nf4_dq": 4.127,
 }
+# Core fallback for GGUF block types when `gguf` is not installed (block bytes * 8 / block size, ggml-common.h)
+FALLBACK_BLOCK_BITS: dict[str, float] = {
+    "iq1_s": 1.5625,
+    "iq1_m": 1.75,
+    "iq2_xxs": 2.0625,
+    "iq2_xs": 2.3125,
+    "iq2_s": 2.5625,
+    "iq3_xxs": 3.0625,
+    "iq3_s": 3.4375,
+    "iq4_nl": 4.5,
+    "iq4_xs": 4.25,
+    "tq1_0": 1.6875,
+    "tq2_0": 2.0625,
+    "q2_k_s": 2.625,
+    "mxfp4": 4.25,
+}
+# Kept for callers that read the table directly (the inference family's fit plan).
+BITS_PER_WEIGHT = FILE_BITS_PER_WEIGHT
 
 # llama.cpp KV-cache element sizes (blocks of 32 with an fp16 scale)
 KV_BYTES: dict[str, float] = {
@@ -46,11 +75,68 @@ KvType = Literal["f16", "bf16", "q8_0", "q5_1", "q4_0", "f32"]
 SIXTEEN_BIT_EMBEDDINGS = {"nf4", "nf4_dq", "int8"}
 
 
+def _gguf() -> Any | None:
+    try:
+        import gguf
+    except ImportError:
+        return None
+    return gguf
+
+
+def _key(fmt: str) -> str:
+    return fmt.strip().lower().replace("-", "_")
+
+
+@cache
+def gguf_block_bits() -> dict[str, float]:
+    """Bits per weight of every ggml block type the installed `gguf` package knows."""
+    g = _gguf()
+    if g is None:
+        return dict(FALLBACK_BLOCK_BITS)
+    out: dict[str, float] = {}
+    for qtype, (block, size) in g.GGML_QUANT_SIZES.items():
+        out[qtype.name.lower()] = size * 8 / block
+    return out
+
+
+def file_type_name(code: int) -> str | None:
+    """llama.cpp `general.file_type` -> our format name (e.g. 15 -> 'q4_k_m', 19 -> 'iq2_xxs')."""
+    g = _gguf()
+    if g is None:
+        return None
+    try:
+        name = g.LlamaFileType(code).name
+    except ValueError:
+        return None
+    return re.sub(r"^(MOSTLY_|ALL_)", "", name).lower()
+
+
+def _block_bits_for(key: str) -> float | None:
+    """A file type's base block type: 'iq3_m' -> iq3_s, 'q2_k_s' -> q2_k, 'mxfp4_moe' -> mxfp4."""
+    blocks = gguf_block_bits()
+    if key in blocks:
+        return blocks[key]
+    if key in FALLBACK_BLOCK_BITS:
+        return FALLBACK_BLOCK_BITS[key]
+    base = re.sub(r"_(xxs|xs|s|m|l|moe)$", "", key)
+    for cand in (base, base + "_s", base + "_0"):
+        if cand in blocks:
+            return blocks[cand]
+    return None
+
+
+def known_formats() -> list[str]:
+    return sorted({*FILE_BITS_PER_WEIGHT, *gguf_block_bits(), *FALLBACK_BLOCK_BITS})
+
+
 def bits_per_weight(fmt: str) -> float:
-    key = fmt.lower().replace("-", "_")
-    if key not in BITS_PER_WEIGHT:
-        raise UnknownNameError("weight format", fmt, BITS_PER_WEIGHT)
-    return BITS_PER_WEIGHT[key]
+    key = _key(fmt)
+    if key in FILE_BITS_PER_WEIGHT:
+        return FILE_BITS_PER_WEIGHT[key]
+    bits = _block_bits_for(key)
+    if bits is None or key in {"i8", "i16", "i32", "i64", "f64", "q8_1", "q8_k"}:  # not weight file formats
+        raise UnknownNameError("weight format", fmt, known_formats())
+    return bits
 
 
 def kv_bytes(kv_type: str) -> float:
@@ -62,4 +148,4 @@ def kv_bytes(kv_type: str) -> float:
 
 def normalise_format(fmt: str) -> str:
     bits_per_weight(fmt)
-    return fmt.lower().replace("-", "_")
+    return _key(fmt)

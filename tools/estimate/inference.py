@@ -19,20 +19,25 @@ from gpubox.tools.estimate.schemas import (
 )
 
 GB = 1e9
-RUNTIME_OVERHEAD_GB = 0.45  # CUDA context + cuBLAS workspace: 0.3-0.5 GB (hardware.md §4b)
+RUNTIME_OVERHEAD_GB = 0.45  # CUDA context + cuBLAS workspace: 0.3-0.5 GB (PyTorch 'CUDA semantics' notes)
 N_UBATCH = 512  # llama.cpp default physical batch
 PREFILL_MFU = 0.25  # llama.cpp pp512 reaches ~15-35% of dense peak on datacenter GPUs; calibrate per GPU
 
-# Decode efficiency (share of the bandwidth ceiling) by GPU class. Source: llmfit PR #137 ("real-world
-# efficiency is ~50-70% of this ceiling") and the vLLM maintainer's rule of thumb (vllm#7379).
+# Decode efficiency (share of the bandwidth ceiling) by GPU class: "real-world efficiency is ~50-70% of this
+# ceiling" (github.com/AlexsJones/llmfit/pull/137) and the vLLM maintainers' rule of thumb
+# (github.com/vllm-project/vllm/issues/7379). Checked against published llama.cpp runs in the tests.
 DECODE_EFFICIENCY = {
+    "cpu": 0.60,
     "datacenter-hbm": 0.60,
     "datacenter-gddr": 0.65,
     "workstation-gddr": 0.65,
     "consumer-gddr": 0.70,
     "apple": 0.65,
 }
-EFFICIENCY_SOURCE = "default for this GPU class: 50-70% of the bandwidth ceiling (llmfit PR #137, vllm#7379)"
+EFFICIENCY_SOURCE = (
+    "default for this GPU class: 50-70% of the bandwidth ceiling (github.com/AlexsJones/llmfit/pull/137, "
+    "github.com/vllm-project/vllm/issues/7379)"
+)
 
 
 @dataclass
@@ -185,9 +190,40 @@ def estimate_on_gpu(
     )
 
 
+def check_quoted(r: InferenceOnGpu, quoted: float, model: str, fmt: str, catalog: Catalog) -> str | None:
+    """Judge a quoted decode speed against this GPU (sets r.quoted_*); a warning when it is impossible."""
+    r.quoted_tokens_per_s = quoted
+    what = f"{quoted:g} tok/s for {model} {fmt} on {r.gpu}"
+    if not r.fits:
+        r.quoted_verdict = "does_not_fit"
+        where = (
+            f"with {r.n_gpu_layers}/{r.total_layers} layers on the GPU the rest runs from host memory at about "
+            f"{r.decode_tokens_per_s:g} tok/s"
+            if r.n_gpu_layers
+            else "not even one layer fits"
+        )
+        return (
+            f"{what} is impossible: the model does not fit ({r.memory.total_gb:g} GB needed, "
+            f"{r.available_gb:g} GB available); {where}."
+        )
+    if quoted > r.decode_tokens_per_s_ceiling:
+        r.quoted_verdict = "above_bandwidth_ceiling"
+        return (
+            f"{what} is impossible: decode reads every weight (and the KV cache) once per token, so the memory "
+            f"bandwidth caps it at {r.decode_tokens_per_s_ceiling:g} tok/s ({r.memory.weights_gb:g} GB of "
+            f"weights); expect about {r.decode_tokens_per_s:g}. The quote may be for a quantised model, a batch "
+            "of requests in aggregate, or speculative decoding."
+        )
+    r.quoted_verdict = "plausible"
+    r.costs_per_million_tokens = catalog.costs(r.gpu, lambda hourly: round(hourly / (quoted * 3600) * 1e6, 4))
+    r.cheapest_usd_per_million_tokens = min((c.usd for c in r.costs_per_million_tokens), default=None)
+    return None
+
+
 ASSUMPTIONS = [
-    "Weights: bits per weight of the format (k-quants as llama.cpp reports whole-file sizes); NF4/int8 keep "
-    "embeddings and the output head in 16 bit; a GGUF file's exact tensor bytes are used when given a path.",
+    "Weights: bits per weight of the format (k-quants as llama.cpp reports whole-file sizes; IQ/TQ and other "
+    "GGUF types from the gguf package's block sizes); NF4/int8 keep embeddings and the output head in 16 bit; a "
+    "GGUF file's exact tensor bytes are used when given a path.",
     "KV cache = 2 x layers x kv_heads x head_dim x bytes(kv type) x context x batch; sliding-window layers "
     "(e.g. Gemma-3) hold only their window.",
     f"Compute buffers: llama.cpp-style graph buffer for a {N_UBATCH}-token ubatch (logits or attention scores "

@@ -11,8 +11,10 @@ from typing import Any
 from gpubox.errors import InvalidInputError, MissingExtraError, NotFoundError
 from gpubox.paths import resolve_inside
 from gpubox.tools.estimate.catalog import Catalog, ModelShape
+from gpubox.tools.estimate.formats import file_type_name
 
-# llama.cpp general.file_type -> our weight-format names
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# llama.cpp general.file_type -> our weight-format names, used when the `gguf` enum does not know a code
 GGUF_FILE_TYPES = {
     0: "f32",
     1: "f16",
@@ -44,31 +46,67 @@ class ResolvedModel:
     chat_template: bool = False  # a GGUF file embeds tokenizer.chat_template
 
 
-def _from_config(cfg: dict[str, Any], name: str) -> ModelShape:
+# Bounds far beyond any released decoder (the largest have ~200 layers, hidden 32k, vocab 1M, 10M context):
+# a value outside them is a broken or hostile file, and planning with it would overflow or never finish.
+LIMITS = {
+    "hidden_size": 1 << 17,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "num_hidden_layers": 4096,
+    "head_dim": 1 << 14,
+    "intermediate_size": 1 << 20,
+    "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 27,
+    "sliding_window": 1 << 27,
+    "sliding_window_pattern": 4096,
+}
+
+
+def _field(text: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = text.get(key)
+    if value is None:
+        if default is None:
+            raise InvalidInputError(f"{where}: field '{key}' is missing; only decoder-only LMs are supported")
+        return default
+    # bool is an int subclass, floats must be whole: 1e308 or 12.5 heads is a broken file, not a model
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InvalidInputError(f"{where}: field '{key}' must be a positive integer, got {value!r:.60}")
+    if isinstance(value, float) and (not value.is_integer() or abs(value) > 2**53):
+        raise InvalidInputError(f"{where}: field '{key}' must be a positive integer, got {value!r:.60}")
+    n = int(value)
+    if not 1 <= n <= LIMITS[key]:
+        raise InvalidInputError(f"{where}: field '{key}' = {n} is outside 1..{LIMITS[key]}")
+    return n
+
+
+def _from_config(cfg: Any, name: str, where: str = "config.json") -> ModelShape:
+    if not isinstance(cfg, dict):
+        raise InvalidInputError(f"{where}: expected a JSON object at the top level, got {type(cfg).__name__}")
     text = cfg.get("text_config", cfg)  # multimodal configs nest the LM
-    try:
-        h = int(text["hidden_size"])
-        heads = int(text["num_attention_heads"])
-        return ModelShape(
-            id=name,
-            layers=int(text["num_hidden_layers"]),
-            hidden=h,
-            heads=heads,
-            kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(text.get("head_dim") or h // heads),
-            intermediate=int(text["intermediate_size"]),
-            vocab=int(text["vocab_size"]),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            max_context=int(text.get("max_position_embeddings") or 4096),
-            sliding_window=text.get("sliding_window") if text.get("sliding_window_pattern") else None,
-            global_every=text.get("sliding_window_pattern"),
-            source="config.json",
-            params_override=None,
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidInputError(
-            f"config.json of {name} lacks a decoder field ({exc}); only decoder-only LMs are supported"
-        ) from exc
+    if not isinstance(text, dict):
+        raise InvalidInputError(f"{where}: field 'text_config' must be an object, got {type(text).__name__}")
+    if "text_config" in cfg:
+        where = f"{where} (text_config)"
+    h = _field(text, "hidden_size", where)
+    heads = _field(text, "num_attention_heads", where)
+    window = _field(text, "sliding_window", where, 0) if text.get("sliding_window_pattern") else 0
+    tied = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return ModelShape(
+        id=name,
+        layers=_field(text, "num_hidden_layers", where),
+        hidden=h,
+        heads=heads,
+        kv_heads=_field(text, "num_key_value_heads", where, heads),
+        head_dim=_field(text, "head_dim", where, max(1, h // heads)),
+        intermediate=_field(text, "intermediate_size", where),
+        vocab=_field(text, "vocab_size", where),
+        tied_embeddings=tied is True,
+        max_context=_field(text, "max_position_embeddings", where, 4096),
+        sliding_window=window or None,
+        global_every=_field(text, "sliding_window_pattern", where) if window else None,
+        source="config.json",
+        params_override=None,
+    )
 
 
 def _gguf_value(field: Any) -> Any:
@@ -119,10 +157,16 @@ def read_gguf(path: Path) -> ResolvedModel:
         shape=shape,
         source="gguf",
         path=path,
-        weight_format=GGUF_FILE_TYPES.get(int(ftype)) if ftype is not None else None,
+        weight_format=_file_type(ftype),
         weight_bytes=int(sum(int(t.n_bytes) for t in reader.tensors)),
         chat_template="tokenizer.chat_template" in reader.fields,
     )
+
+
+def _file_type(code: Any) -> str | None:
+    if not isinstance(code, int):
+        return None
+    return file_type_name(code) or GGUF_FILE_TYPES.get(code)
 
 
 def resolve_model(spec: str, catalog: Catalog, roots: Sequence[Path]) -> ResolvedModel:
@@ -136,8 +180,14 @@ def resolve_model(spec: str, catalog: Catalog, roots: Sequence[Path]) -> Resolve
     cfg = path / "config.json" if path.is_dir() else path
     if cfg.name != "config.json" or not cfg.is_file():
         raise NotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
+    if cfg.stat().st_size > MAX_CONFIG_BYTES:
+        raise InvalidInputError(f"{cfg} is {cfg.stat().st_size} bytes; a model config.json is a few KB")
     try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
+        data = json.loads(cfg.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{cfg} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{cfg} is not valid JSON: {exc}") from exc
-    return ResolvedModel(shape=_from_config(data, cfg.parent.name), source="config.json", path=cfg.parent)
+    except RecursionError as exc:
+        raise InvalidInputError(f"{cfg} is nested too deeply to be a model config") from exc
+    return ResolvedModel(shape=_from_config(data, cfg.parent.name, str(cfg)), source="config.json", path=cfg.parent)

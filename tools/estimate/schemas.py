@@ -69,6 +69,11 @@ class InferenceOnGpu(BaseModel):
     prefill_mfu: float
     costs_per_million_tokens: list[ProviderCost]
     cheapest_usd_per_million_tokens: float | None = None
+    quoted_tokens_per_s: float | None = Field(None, description="The caller's quoted decode speed, when given")
+    quoted_verdict: Literal["plausible", "above_bandwidth_ceiling", "does_not_fit"] | None = Field(
+        None, description="How the quoted speed compares with what this GPU can physically do"
+    )
+    spec_source: str = Field("catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
 
 
 class InferenceEstimate(BaseModel):
@@ -120,10 +125,12 @@ class TrainingOnGpu(BaseModel):
     mfu: float
     mfu_source: str
     flops_per_token: float
-    wall_hours: float
-    costs: list[ProviderCost]
-    electricity_usd: float = Field(description="Local power: TDP x hours x GPUs x $/kWh")
+    wall_hours: float | None = Field(description="null when neither a dataset size nor max_steps is given")
+    costs: list[ProviderCost] = Field(description="Empty when the run length is unknown")
+    electricity_usd: float | None = Field(description="Local power: TDP x hours x GPUs x $/kWh; null if unknown")
     calibration: str | None = None
+    gradient_checkpointing: bool = Field(True, description="Whether this plan uses checkpointing ('auto' resolved)")
+    spec_source: str = Field("catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
 
 
 class TrainingEstimate(BaseModel):
@@ -135,9 +142,10 @@ class TrainingEstimate(BaseModel):
     trainable_params: int
     trainable_pct: float
     seq_len: int
-    gradient_checkpointing: bool
-    optimizer: str
-    dataset_tokens: int
+    gradient_checkpointing: bool | Literal["auto"] = Field(description="As requested; each result says what it used")
+    optimizer: str = Field(description="transformers TrainingArguments.optim")
+    optimizer_bytes_per_param: float
+    dataset_tokens: int | None = Field(description="null when the dataset size is unknown (no time or cost)")
     epochs: float
     results: list[TrainingOnGpu]
     assumptions: list[str]
@@ -180,6 +188,18 @@ class Measurement(BaseModel):
     note: str | None
 
 
+class DeviceProfile(BaseModel):
+    """A measured device: memory bandwidth and matrix TFLOPS per dtype ('bf16', 'fp16', 'fp32', ...)."""
+
+    id: int
+    gpu: str = Field(description="Catalog GPU id, or 'cpu'")
+    memory_bandwidth_gbs: float | None
+    tflops: dict[str, float]
+    note: str | None
+    created_at: str
+
+
 class MeasurementList(BaseModel):
     measurements: list[Measurement]
+    devices: list[DeviceProfile] = Field(default_factory=list, description="Measured device profiles (kind 'device')")
     database: str

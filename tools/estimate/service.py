@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpubox.errors import InvalidInputError, NotFoundError
+from gpubox.errors import InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
 from gpubox.tools.estimate import inference as inf
 from gpubox.tools.estimate import training as tr
 from gpubox.tools.estimate.calibration import CalibrationStore
-from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape
+from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape, norm
 from gpubox.tools.estimate.formats import kv_bytes, normalise_format
 from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model
+from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.schemas import (
     GpuCatalog,
     GpuEntry,
@@ -20,14 +21,10 @@ from gpubox.tools.estimate.schemas import (
     ModelSummary,
     TrainingEstimate,
 )
-from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.tools.estimate.targets import Target, cpu_target, local_target, resolve, with_measured
+from gpubox.tools.gpu.devices import local_gpus
 
 DEFAULT_CONTEXT = 8192
-TRAIN_FORMATS = {
-    "full": {"bf16", "f16", "fp16", "fp32"},
-    "lora": {"bf16", "f16", "fp16", "fp32"},
-    "qlora": {"nf4", "nf4_dq"},
-}
 
 
 def summary(rm: ResolvedModel) -> ModelSummary:
@@ -61,25 +58,21 @@ class Estimator:
     def model(self, spec: str) -> ResolvedModel:
         return resolve_model(spec, self.catalog, self.roots)
 
-    def gpus(self, spec: str) -> list[tuple[GpuSpec, float | None, float | None]]:
-        """(spec, available GB or None, total GB or None) for 'auto', 'local', 'all' or a catalog name."""
-        key = spec.strip().lower()
-        if key in ("auto", "local"):
-            status = gpu_status()
-            if status.gpus:
-                # local GPUs: plan against free memory; the NVML name maps to a catalog entry through aliases
-                return [
-                    (self.catalog.gpu(g.name), g.memory_free_mib * 2**20 / 1e9, g.memory_total_mib * 2**20 / 1e9)
-                    for g in status.gpus
-                ]
-            if key == "local":
-                raise NotFoundError(
-                    f"no local GPU to estimate for ({status.reason}); pass gpu='all' or a catalog name such as 'A10'"
-                )
-            key = "all"
-        if key == "all":
-            return [(g, None, None) for g in self.catalog.gpus.values()]
-        return [(self.catalog.gpu(spec), None, None)]
+    def targets(self, spec: str, dtype: str = "bf16") -> list[Target]:
+        """Devices for 'auto', 'local', 'cpu', 'all' or a catalog name, with measured profiles applied."""
+        return [with_measured(t, self.store, dtype) for t in resolve(spec, self.catalog)]
+
+    def device_spec(self, name: str) -> GpuSpec:
+        """A catalog GPU, 'cpu', or a local GPU by its NVML name (described from NVML when not catalogued)."""
+        if name.strip().lower() == "cpu":
+            return cpu_target().spec
+        found = self.catalog.find_gpu(name)
+        if found is not None:
+            return found
+        for f in local_gpus():
+            if norm(f.name) == norm(name):
+                return local_target(f, self.catalog).spec
+        return self.catalog.gpu(name)  # raises: ambiguous or unknown, with candidates
 
     # --- inference -----------------------------------------------------------------------------
     def inference(
@@ -90,6 +83,7 @@ class Estimator:
         batch: int = 1,
         kv_cache_type: str = "f16",
         gpu: str = "auto",
+        tokens_per_s: float | None = None,
     ) -> InferenceEstimate:
         rm = self.model(model)
         shape = rm.shape
@@ -105,20 +99,24 @@ class Estimator:
             )
         if rm.weight_format and weight_format and rm.weight_format != fmt:
             warnings.append(f"the file is {rm.weight_format}; estimated as if re-quantised to {fmt}")
-        results = [
-            inf.estimate_on_gpu(
+        targets = self.targets(gpu)
+        results = []
+        for t in targets:
+            r = inf.estimate_on_gpu(
                 shape,
                 wp,
-                g,
+                t.spec,
                 context=ctx,
                 batch=batch,
                 kv_type=kv_cache_type,
                 catalog=self.catalog,
-                available_gb=avail,
+                available_gb=t.available_gb,
                 store=self.store,
             )
-            for g, avail, _ in self.gpus(gpu)
-        ]
+            r.spec_source = t.source
+            if tokens_per_s is not None and (why := inf.check_quoted(r, tokens_per_s, shape.id, fmt, self.catalog)):
+                warnings.append(why)
+            results.append(r)
         if len(results) > 1:
             results.sort(
                 key=lambda r: (
@@ -127,12 +125,17 @@ class Estimator:
                     -r.decode_tokens_per_s,
                 )
             )
-        assumptions = list(inf.ASSUMPTIONS)
+        assumptions = [n for t in targets for n in t.notes] + list(inf.ASSUMPTIONS)
         if context_length is None:
             assumptions.insert(
                 0,
                 f"Context {ctx} = min(model maximum {shape.max_context}, {DEFAULT_CONTEXT}); "
                 "the full_context line shows the model's whole window.",
+            )
+        if tokens_per_s is not None:
+            assumptions.append(
+                f"Quoted {tokens_per_s:g} tok/s checked against each GPU's bandwidth ceiling; where plausible, "
+                "costs per million tokens use the quoted speed."
             )
         return InferenceEstimate(
             model=summary(rm),
@@ -146,115 +149,97 @@ class Estimator:
         )
 
     # --- training ------------------------------------------------------------------------------
-    def training(
-        self,
-        model: str,
-        method: tr.Method = "qlora",
-        lora_rank: int = 16,
-        target_modules: list[str] | None = None,
-        seq_len: int = 512,
-        micro_batch: int | None = None,
-        gradient_checkpointing: bool = True,
-        optimizer: tr.Optimizer = "paged_adamw_8bit",
-        weight_format: str | None = None,
-        dataset_samples: int | None = None,
-        dataset_tokens: int | None = None,
-        epochs: float = 1.0,
-        target_global_batch: int | None = None,
-        gpu: str = "auto",
-        gpu_count: int = 1,
-        headroom_pct: float = 15.0,
-        tokens_per_s: float | None = None,
-    ) -> TrainingEstimate:
-        rm = self.model(model)
+    def training(self, req: TrainingRequest) -> TrainingEstimate:
+        """Memory plan, micro-batch and (when the run length is known) time and cost of `req` on each device."""
+        rm = self.model(req.model)
         shape = rm.shape
-        fmt = (weight_format or ("nf4_dq" if method == "qlora" else "bf16")).lower()
-        if fmt not in TRAIN_FORMATS[method]:
+        method = req.method
+        fmt = tr.train_format(method, req.weight_format)
+        targets = tr.lora_targets(req.lora_target_modules, method)
+        if req.max_length > shape.max_context:
             raise InvalidInputError(
-                f"weight_format '{fmt}' does not go with method '{method}'; use one of {sorted(TRAIN_FORMATS[method])}"
+                f"max_length {req.max_length} exceeds {shape.id}'s maximum context {shape.max_context}"
             )
-        targets = tr.ALL_LINEAR if not target_modules or target_modules == ["all-linear"] else target_modules
-        if method == "full":
-            targets = []
-        if seq_len > shape.max_context:
-            raise InvalidInputError(f"seq_len {seq_len} exceeds {shape.id}'s maximum context {shape.max_context}")
-        if dataset_tokens is None:
-            if dataset_samples is None:
-                raise InvalidInputError(
-                    "give dataset_tokens or dataset_samples (samples are counted as seq_len tokens)"
-                )
-            dataset_tokens = dataset_samples * seq_len
+        dataset_tokens = req.dataset_tokens
+        if dataset_tokens is None and req.dataset_samples is not None:
+            dataset_tokens = req.dataset_samples * req.max_length
+        gc_req = req.gradient_checkpointing
         plan = tr.TrainingPlanInput(
             method=method,
-            lora_rank=lora_rank,
+            lora_rank=req.lora_r,
             target_modules=targets,
-            seq_len=seq_len,
-            gradient_checkpointing=gradient_checkpointing,
-            optimizer=optimizer,
-            headroom=headroom_pct / 100,
+            seq_len=req.max_length,
+            gradient_checkpointing=gc_req is not False,
+            optimizer=req.optim,
+            headroom=req.headroom_pct / 100,
             weight_format=fmt,
         )
         trainable = tr.trainable_params(shape, plan)
+        micro = req.per_device_train_batch_size if isinstance(req.per_device_train_batch_size, int) else None
+        dtype = "fp16" if req.fp16 else ("fp32" if fmt == "fp32" else "bf16")
         warnings: list[str] = []
         results = []
-        for g, _avail, total in self.gpus(gpu):
-            if tokens_per_s is not None and (why := tr.plausibility(tokens_per_s, shape, plan, g, gpu_count)):
+        devices = self.targets(req.gpu, dtype)
+        for t in devices:
+            if req.tokens_per_s is not None and (
+                why := tr.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
+            ):
                 warnings.append(why)
-            results.append(
-                tr.plan_on_gpu(
-                    shape,
-                    plan,
-                    g,
-                    catalog=self.catalog,
-                    store=self.store,
-                    micro_batch=micro_batch,
-                    target_global_batch=target_global_batch,
-                    dataset_tokens=dataset_tokens,
-                    epochs=epochs,
-                    gpu_count=gpu_count,
-                    usd_per_kwh=self.settings.electricity_usd_per_kwh,
-                    tokens_per_s_override=tokens_per_s,
-                    vram_override_gb=total,
-                )
+            r = tr.plan_on_gpu(
+                shape,
+                plan,
+                t.spec,
+                catalog=self.catalog,
+                store=self.store,
+                micro_batch=micro,
+                target_global_batch=req.target_global_batch,
+                dataset_tokens=dataset_tokens,
+                epochs=req.num_train_epochs,
+                gpu_count=req.num_processes,
+                usd_per_kwh=self.settings.electricity_usd_per_kwh,
+                tokens_per_s_override=req.tokens_per_s,
+                # a GPU is planned on its real memory; the CPU on the RAM available now
+                vram_override_gb=t.available_gb if t.spec.id == "cpu" else t.total_gb,
+                checkpointing=None if gc_req == "auto" else gc_req,
+                accumulation=req.gradient_accumulation_steps,
+                max_steps=req.max_steps,
             )
+            r.spec_source = t.source
+            results.append(r)
         if len(results) > 1:
             results.sort(
                 key=lambda r: (
                     r.micro_batch is None,
                     min((c.usd for c in r.costs), default=1e18),
-                    r.wall_hours,
+                    r.wall_hours if r.wall_hours is not None else -r.tokens_per_s,
                 )
             )
-        assumptions = [
-            f"Weights: {fmt}"
-            + (" (linear layers; embeddings and lm_head in 16 bit)" if method == "qlora" else "")
-            + "; trainable weights and gradients fp32; optimizer "
-            f"{optimizer} = {tr.OPTIMIZER_BYTES[optimizer]:g} bytes per trainable parameter.",
-            "Activations: textbook 16-bit count per token per layer (12h + 4 kv_dim + 8 ffn, SDPA attention); with "
-            "checkpointing only each layer's input (2h) plus one recomputed layer; logits 10 bytes x vocab per "
-            "token. Multiplied by the activation factor (" + tr.ACTIVATION_FACTOR_SOURCE + ", or a calibration).",
-            f"Overhead {tr.TRAINING_OVERHEAD_GB} GB (CUDA context, workspaces). Safe limit = VRAM x "
-            f"(1 - {headroom_pct:g}% headroom); between it and VRAM a batch is 'too_close'.",
-            "Throughput = MFU x dense BF16 peak / FLOPs per token (LoRA 4N, full 6N, +2N with checkpointing, "
-            "+ attention 6 L s h). Time = tokens x epochs / (tokens/s x 3600).",
-            "Costs use on-demand prices (date shown per row); electricity = TDP x hours x $/kWh "
-            f"({self.settings.electricity_usd_per_kwh}).",
-        ]
-        if dataset_samples is not None and dataset_tokens == dataset_samples * seq_len:
-            assumptions.append(f"Dataset tokens = {dataset_samples} samples x seq_len {seq_len} (packed).")
+        assumptions = [n for t in devices for n in t.notes] + tr.assumptions(
+            req, fmt, self.settings.electricity_usd_per_kwh
+        )
+        if req.dataset_tokens is None and req.dataset_samples is not None:
+            assumptions.append(
+                f"Dataset tokens = {req.dataset_samples} samples x max_length {req.max_length} (packed)."
+            )
+        if dataset_tokens is None and req.max_steps is None:
+            assumptions.append(
+                "No dataset size or max_steps given: the memory plan and micro-batch do not depend on it; "
+                "wall_hours, costs and electricity are null. Pass dataset_tokens, dataset_samples or max_steps."
+            )
         return TrainingEstimate(
             model=summary(rm),
             method=method,
             weight_format=fmt,
-            lora_rank=lora_rank if method != "full" else None,
+            lora_rank=req.lora_r if method != "full" else None,
             target_modules=targets,
             trainable_params=trainable,
             trainable_pct=round(100 * trainable / shape.params(), 4),
-            seq_len=seq_len,
-            gradient_checkpointing=gradient_checkpointing,
-            optimizer=optimizer,
+            seq_len=req.max_length,
+            gradient_checkpointing=gc_req,
+            optimizer=req.optim,
+            optimizer_bytes_per_param=tr.OPTIMIZER_BYTES[req.optim],
             dataset_tokens=dataset_tokens,
-            epochs=epochs,
+            epochs=req.num_train_epochs,
             results=results,
             assumptions=assumptions,
             warnings=warnings,
@@ -309,7 +294,7 @@ class Estimator:
         eff = None
         gpu_id = gpu
         if gpu.lower() != "cpu":
-            spec = self.catalog.gpu(gpu)
+            spec = self.device_spec(gpu)
             gpu_id = spec.id
             wp = inf.weight_plan(rm.shape, fmt, rm.weight_bytes if rm.weight_format == fmt else None)
             kv = inf.kv_bytes_per_token(rm.shape, "f16", max(context_length, 1)) * context_length / 2 * batch
@@ -333,36 +318,38 @@ class Estimator:
         self,
         gpu: str,
         model: str,
-        method: tr.Method,
-        seq_len: int,
-        micro_batch: int,
-        gradient_checkpointing: bool,
+        method: tr.Method = "qlora",
+        max_length: int = 512,
+        per_device_train_batch_size: int = 1,
+        gradient_checkpointing: bool = True,
         tokens_per_s: float | None = None,
         peak_memory_gb: float | None = None,
-        lora_rank: int = 16,
-        target_modules: list[str] | None = None,
-        optimizer: tr.Optimizer = "paged_adamw_8bit",
+        lora_r: int = 16,
+        lora_target_modules: list[str] | str | None = None,
+        optim: str = "paged_adamw_8bit",
         weight_format: str | None = None,
         note: str | None = None,
     ) -> Measurement:
-        """Store a measured training run; derive MFU and the activation-memory factor from it."""
+        """Store a measured training run (TrainingRequest names); derive MFU and the activation-memory factor.
+        Later plans reuse them only for comparable runs: same GPU, method, rank, targets, optimizer and
+        checkpointing."""
         rm = self.model(model)
-        spec: GpuSpec = self.catalog.gpu(gpu)
-        fmt = (weight_format or ("nf4_dq" if method == "qlora" else "bf16")).lower()
-        targets = [] if method == "full" else (target_modules or tr.ALL_LINEAR)
-        plan = tr.TrainingPlanInput(method, lora_rank, targets, seq_len, gradient_checkpointing, optimizer, 0.15, fmt)
+        spec = self.device_spec(gpu)
+        fmt = tr.train_format(method, weight_format)
+        targets = tr.lora_targets(lora_target_modules, method)
+        if optim not in tr.OPTIMIZER_BYTES:
+            raise UnknownNameError("optimizer", optim, tr.OPTIMIZER_BYTES)
+        plan = tr.TrainingPlanInput(method, lora_r, targets, max_length, gradient_checkpointing, optim, 0.15, fmt)
+        tr.trainable_params(rm.shape, plan)  # validates the target names
         mfu = factor = None
         if tokens_per_s:
             mfu = tokens_per_s * tr.flops_per_token(rm.shape, plan) / (spec.bf16_tflops * 1e12)
         if peak_memory_gb:
-            factor = measured_activation_factor(rm.shape, plan, micro_batch, peak_memory_gb)
+            factor = measured_activation_factor(rm.shape, plan, per_device_train_batch_size, peak_memory_gb)
         cfg = {
-            "seq_len": seq_len,
-            "micro_batch": micro_batch,
-            "gradient_checkpointing": gradient_checkpointing,
-            "lora_rank": lora_rank,
-            "target_modules": targets,
-            "optimizer": optimizer,
+            "max_length": max_length,
+            "per_device_train_batch_size": per_device_train_batch_size,
+            **tr.comparable(plan, gradient_checkpointing),
             "weight_format": fmt,
         }
         return self.store.record(

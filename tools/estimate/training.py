@@ -10,8 +10,8 @@ by our own calibrated runs for the same GPU and method.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from gpubox.errors import InvalidInputError
 from gpubox.tools.estimate.calibration import CalibrationStore
@@ -20,29 +20,52 @@ from gpubox.tools.estimate.schemas import BatchCandidate, TrainingMemory, Traini
 
 GB = 1e9
 Method = Literal["full", "lora", "qlora"]
-Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd"]
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-OPTIMIZER_BYTES = {
-    "adamw": 8.0,
+# Optimizer state bytes per trainable parameter, by transformers' TrainingArguments.optim name.
+# AdamW keeps two fp32 moments (8 B); bitsandbytes 8-bit AdamW keeps them blockwise-quantised to 8 bit (2 B;
+# Dettmers et al., "8-bit Optimizers via Block-wise Quantization", arXiv 2110.02861); the paged variants hold
+# the same states in paged memory. Adafactor factors the second moment and keeps no first moment by default:
+# "slightly more than 4 bytes" per parameter in the transformers guide (huggingface.co/docs/transformers/
+# perf_train_gpu_one). transformers' 'sgd' is torch.optim.SGD with momentum 0 unless optim_args sets it: no
+# state (0 B; with momentum it would be one fp32 buffer, 4 B).
+OPTIMIZER_BYTES: dict[str, float] = {
+    "adamw_torch": 8.0,
+    "adamw_torch_fused": 8.0,
     "adamw_8bit": 2.0,
+    "adamw_bnb_8bit": 2.0,
     "paged_adamw_8bit": 2.0,
-    "sgd": 4.0,
-}  # per trainable param
-TRAINING_OVERHEAD_GB = 1.0  # CUDA context, cuBLAS/bnb workspaces (seed 002: "~1 GB other"; hardware.md §4b)
+    "paged_adamw_32bit": 8.0,
+    "adafactor": 4.0,
+    "sgd": 0.0,
+}
+OPTIMIZER_SOURCE = (
+    "optimizer state per trainable parameter: AdamW 8 B (two fp32 moments), bitsandbytes 8-bit AdamW 2 B "
+    "(arXiv 2110.02861), Adafactor ~4 B (transformers 'Efficient training on a single GPU' guide), "
+    "'sgd' 0 B (torch.optim.SGD without momentum, transformers' default for optim='sgd')"
+)
+# CUDA context plus cuBLAS and bitsandbytes workspaces. PyTorch's CUDA context alone takes 0.3-0.5 GB
+# (PyTorch "CUDA semantics" notes on memory management); 1 GB covers the workspaces as well.
+TRAINING_OVERHEAD_GB = 1.0
 MICRO_BATCHES = [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128]  # even sizes suit tensor cores
 
-# Measured/textbook activation-memory ratio. Default from seed 002 (A10 24 GB, Mistral-7B-Instruct-v0.3
-# QLoRA NF4-DQ r=16 q/k/v/o, seq 512, paged_adamw_8bit): ~20 GB at micro-batch 8 with checkpointing,
-# ~29 GB at micro-batch 4 without. Replaced by calibrated runs (estimate_record_measurement, finetune jobs).
+# Measured/textbook activation-memory ratio: real HF/peft runs hold more than the textbook count (fp32
+# up-casts from prepare_model_for_kbit_training, LoRA dropout copies, allocator fragmentation). Fitted to one
+# reported QLoRA run (A10 24 GB, Mistral-7B-Instruct-v0.3 NF4 double quant, r=16 on q/k/v/o, sequence 512,
+# paged_adamw_8bit: ~20 GB at micro-batch 8 with checkpointing, out of memory at 4 without). A fitted default,
+# not a measurement of your setup: calibrated runs on the same GPU replace it.
 ACTIVATION_FACTOR = {True: 3.8, False: 1.9}
-ACTIVATION_FACTOR_SOURCE = "seed 002 observation (A10, Mistral-7B QLoRA): measured/textbook activation memory"
+ACTIVATION_FACTOR_SOURCE = (
+    "default fitted to a reported QLoRA run (A10 24 GB, Mistral-7B, micro-batch 8 ~20 GB); record a measured "
+    "run on this GPU to replace it"
+)
 
 # Model FLOPs utilisation by method. Full: HF Trainer + FlashAttention-2 reaches 50-73% of peak in kernels
-# and ~45% end to end is typical (FA-2 paper); LoRA: smaller effective GEMMs; QLoRA: NF4 dequantisation makes
-# steps 1.5-1.6x slower than bf16 LoRA (LitGPT measurements, hardware.md §4b).
+# and ~45% end to end is typical (Dao, "FlashAttention-2", arXiv 2307.08691); LoRA: smaller effective GEMMs;
+# QLoRA: NF4 dequantisation makes steps 1.5-1.6x slower than bf16 LoRA (Lightning AI, "Finetuning LLMs with
+# LoRA and QLoRA: insights from hundreds of experiments", LitGPT measurements).
 MFU = {"full": 0.40, "lora": 0.35, "qlora": 0.35 / 1.55}
-MFU_SOURCE = "default: full 40%, LoRA 35%, QLoRA 35%/1.55 (FA-2 paper; LitGPT QLoRA slowdown)"
+MFU_SOURCE = "default: full 40%, LoRA 35%, QLoRA 35%/1.55 (FlashAttention-2 paper; LitGPT QLoRA slowdown)"
 
 
 @dataclass
@@ -52,9 +75,61 @@ class TrainingPlanInput:
     target_modules: list[str]
     seq_len: int
     gradient_checkpointing: bool
-    optimizer: Optimizer
+    optimizer: str  # transformers TrainingArguments.optim name (OPTIMIZER_BYTES)
     headroom: float
     weight_format: str  # bf16 / fp32 for full & lora; nf4_dq / nf4 for qlora
+
+
+TRAIN_FORMATS = {
+    "full": {"bf16", "f16", "fp16", "fp32"},
+    "lora": {"bf16", "f16", "fp16", "fp32"},
+    "qlora": {"nf4", "nf4_dq"},
+}
+
+
+def train_format(method: Method, weight_format: str | None) -> str:
+    fmt = (weight_format or ("nf4_dq" if method == "qlora" else "bf16")).strip().lower()
+    if fmt not in TRAIN_FORMATS[method]:
+        raise InvalidInputError(
+            f"weight_format '{fmt}' does not go with method '{method}'; use one of {sorted(TRAIN_FORMATS[method])}"
+        )
+    return fmt
+
+
+def lora_targets(modules: list[str] | str | None, method: Method) -> list[str]:
+    """peft target_modules -> projection names; 'all-linear' (or none given) is every projection."""
+    if method == "full":
+        return []
+    if modules is None or modules == "all-linear" or modules == ["all-linear"]:
+        return list(ALL_LINEAR)
+    if isinstance(modules, str):
+        modules = [modules]
+    return sorted(set(modules), key=lambda m: ALL_LINEAR.index(m) if m in ALL_LINEAR else len(ALL_LINEAR))
+
+
+def assumptions(req: Any, fmt: str, usd_per_kwh: float) -> list[str]:
+    gc = req.gradient_checkpointing
+    return [
+        f"Weights: {fmt}"
+        + (" (linear layers; embeddings and lm_head in 16 bit)" if req.method == "qlora" else "")
+        + "; trainable weights and gradients fp32 (peft casts adapters to fp32); optimizer "
+        f"{req.optim} = {OPTIMIZER_BYTES[req.optim]:g} bytes per trainable parameter ({OPTIMIZER_SOURCE}).",
+        "Activations: textbook 16-bit count per token per layer (12h + 4 kv_dim + 8 ffn, SDPA attention; "
+        "Korthikanti et al., arXiv 2205.05198); with checkpointing only each layer's input (2h) plus one "
+        "recomputed layer; logits 10 bytes x vocab per token. Multiplied by the activation factor ("
+        + ACTIVATION_FACTOR_SOURCE
+        + ", or a comparable calibrated run).",
+        "gradient_checkpointing='auto': off unless, without it, the requested micro-batch (or, when the planner "
+        "chooses, even micro-batch 1) does not fit under the headroom; each result says what it used."
+        if gc == "auto"
+        else f"gradient_checkpointing={gc} as requested.",
+        f"Overhead {TRAINING_OVERHEAD_GB} GB (CUDA context, workspaces). Safe limit = memory x "
+        f"(1 - {req.headroom_pct:g}% headroom); between it and the memory size a batch is 'too_close'.",
+        "Throughput = MFU x dense BF16 peak / FLOPs per token (LoRA 4N, full 6N, +2N with checkpointing, "
+        "+ attention 6 L s h). Time = tokens x epochs / (tokens/s x 3600); with max_steps, tokens = "
+        "max_steps x global batch x max_length.",
+        f"Costs use on-demand prices (date shown per row); electricity = TDP x hours x $/kWh ({usd_per_kwh}).",
+    ]
 
 
 def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
@@ -83,7 +158,8 @@ def static_memory(shape: ModelShape, p: TrainingPlanInput) -> dict[str, float]:
     if p.method == "lora":
         wbytes = 4 if p.weight_format == "fp32" else 2
         return {"weights": n * wbytes, "trainable": 4 * trainable, "grads": 4 * trainable, "optimizer": opt}
-    # full, mixed precision: 16-bit weights + fp32 master copy, fp32 gradients (hardware.md: 18 B/param w/ AdamW)
+    # full, mixed precision: 16-bit weights + fp32 master copy, fp32 gradients: 18 B/param with AdamW
+    # (transformers "Model training anatomy" guide)
     master = 4 * n if p.weight_format != "fp32" else 0
     wbytes = 2 if p.weight_format != "fp32" else 4
     return {"weights": n * wbytes, "trainable": master, "grads": 4 * n, "optimizer": opt}
@@ -135,6 +211,42 @@ def flops_per_token(shape: ModelShape, p: TrainingPlanInput) -> float:
     return base + attn
 
 
+def _candidates(
+    shape: ModelShape, p: TrainingPlanInput, gc: bool, factor: float, vram: float, sizes: list[int], all_: bool
+) -> list[BatchCandidate]:
+    out: list[BatchCandidate] = []
+    for b in sizes:
+        total = memory_at(shape, p, b, gc, factor).total_gb
+        out.append(BatchCandidate(micro_batch=b, total_gb=total, status=status_of(total, vram, p.headroom)))
+        if not all_ and out[-1].status == "oom":
+            break  # larger batches only need more
+    return out
+
+
+def _factor(
+    store: CalibrationStore | None, gpu: GpuSpec, shape: ModelShape, p: TrainingPlanInput, gc: bool
+) -> tuple[float, str | None]:
+    """(activation factor, note) for checkpointing on/off: a comparable calibrated run, else the default."""
+    if store is not None:
+        m = store.best(
+            "training", gpu.id, "activation_factor", params=shape.params(), method=p.method, **comparable(p, gc)
+        )
+        if m is not None and m.activation_factor:
+            return m.activation_factor, f"activation factor from run #{m.id} ({m.model}, {m.created_at[:10]})"
+    return ACTIVATION_FACTOR[gc], None
+
+
+def comparable(p: TrainingPlanInput, gc: bool) -> dict[str, object]:
+    """Config a calibration run must share to be reused: rank, targets, optimizer and checkpointing."""
+    full = p.method == "full"
+    return {
+        "lora_r": None if full else p.lora_rank,
+        "lora_target_modules": [] if full else sorted(p.target_modules),
+        "optim": p.optimizer,
+        "gradient_checkpointing": gc,
+    }
+
+
 def plan_on_gpu(
     shape: ModelShape,
     p: TrainingPlanInput,
@@ -144,67 +256,58 @@ def plan_on_gpu(
     store: CalibrationStore | None,
     micro_batch: int | None,
     target_global_batch: int | None,
-    dataset_tokens: int,
+    dataset_tokens: int | None,
     epochs: float,
     gpu_count: int,
     usd_per_kwh: float,
     tokens_per_s_override: float | None,
     vram_override_gb: float | None = None,
+    checkpointing: bool | None = None,
+    accumulation: int | None = None,
+    max_steps: int | None = None,
 ) -> TrainingOnGpu:
+    """`checkpointing` None means 'auto': off unless, without it, the requested micro-batch (or, when the
+    planner chooses, not even micro-batch 1) fits under the headroom."""
     vram = vram_override_gb if vram_override_gb is not None else gpu.vram_gb
-    factor = ACTIVATION_FACTOR[p.gradient_checkpointing]
-    mfu, mfu_src, calib = MFU[p.method], MFU_SOURCE, None
+    sizes = [micro_batch] if micro_batch else MICRO_BATCHES
+    if checkpointing is None:
+        f_off, _ = _factor(store, gpu, shape, p, False)
+        first = _candidates(shape, p, False, f_off, vram, sizes[:1], True)[0]
+        checkpointing = first.status != "fits"
+    p = replace(p, gradient_checkpointing=checkpointing)
+    factor, calib = _factor(store, gpu, shape, p, checkpointing)
+    mfu, mfu_src = MFU[p.method], MFU_SOURCE
     if store is not None:
-        m = store.best(
-            "training",
-            gpu.id,
-            "activation_factor",
-            params=shape.params(),
-            method=p.method,
-            gradient_checkpointing=p.gradient_checkpointing,
-        )
-        if m is not None and m.activation_factor:
-            factor = m.activation_factor
-            calib = f"activation factor from run #{m.id} ({m.model}, {m.created_at[:10]})"
-        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method)
+        same = comparable(p, checkpointing)
+        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method, **same)
         if r is not None and r.mfu:
             mfu, mfu_src = r.mfu, f"measured: run #{r.id} ({r.model}, {r.created_at[:10]})"
 
-    sizes = [micro_batch] if micro_batch else MICRO_BATCHES
-    candidates = []
-    for b in sizes:
-        mem = memory_at(shape, p, b, p.gradient_checkpointing, factor)
-        candidates.append(
-            BatchCandidate(micro_batch=b, total_gb=mem.total_gb, status=status_of(mem.total_gb, vram, p.headroom))
-        )
-        if not micro_batch and candidates[-1].status == "oom":
-            break  # larger batches only need more
+    candidates = _candidates(shape, p, checkpointing, factor, vram, sizes, False)
     fitting = [c.micro_batch for c in candidates if c.status == "fits"]
     chosen = max(fitting) if fitting else None
-    if micro_batch and not fitting:
-        chosen = None
-    at = chosen or (micro_batch or 1)
-    breakdown = memory_at(shape, p, at, p.gradient_checkpointing, factor)
-
+    breakdown = memory_at(shape, p, chosen or (micro_batch or 1), checkpointing, factor)
     without_gc: list[BatchCandidate] = []
-    if p.gradient_checkpointing:
-        for b in sizes:
-            total = memory_at(shape, p, b, False, ACTIVATION_FACTOR[False]).total_gb
-            without_gc.append(BatchCandidate(micro_batch=b, total_gb=total, status=status_of(total, vram, p.headroom)))
-            if without_gc[-1].status == "oom":
-                break
+    if checkpointing:
+        without_gc = _candidates(shape, p, False, ACTIVATION_FACTOR[False], vram, sizes, False)
 
     accum = global_batch = None
     if chosen:
         per_step = chosen * gpu_count
-        accum = max(1, math.ceil(target_global_batch / per_step)) if target_global_batch else 1
+        from_target = max(1, math.ceil(target_global_batch / per_step)) if target_global_batch else 1
+        accum = accumulation or from_target
         global_batch = per_step * accum
 
     fpt = flops_per_token(shape, p)
     peak = gpu.bf16_tflops * 1e12  # FP16 tensor rate on GPUs without BF16 (T4, V100): same column
     tps = tokens_per_s_override or mfu * peak * gpu_count / fpt
-    hours = dataset_tokens * epochs / (tps * 3600)  # seed 003's formula
-    costs = catalog.costs(gpu.id, lambda hourly: round(hourly * hours * gpu_count, 2))
+    total_tokens: float | None = None
+    if max_steps and global_batch:  # max_steps overrides epochs, as in transformers
+        total_tokens = max_steps * global_batch * p.seq_len
+    elif dataset_tokens:
+        total_tokens = dataset_tokens * epochs
+    hours = total_tokens / (tps * 3600) if total_tokens is not None else None
+    costs = catalog.costs(gpu.id, lambda hourly: round(hourly * hours * gpu_count, 2)) if hours is not None else []
     return TrainingOnGpu(
         gpu=gpu.id,
         gpu_name=gpu.name,
@@ -221,10 +324,11 @@ def plan_on_gpu(
         mfu=round(mfu, 4),
         mfu_source=mfu_src if not tokens_per_s_override else "throughput given by the caller",
         flops_per_token=fpt,
-        wall_hours=round(hours, 4),
+        wall_hours=round(hours, 4) if hours is not None else None,
         costs=costs,
-        electricity_usd=round(gpu.tdp_w * hours * gpu_count / 1000 * usd_per_kwh, 2),
+        electricity_usd=round(gpu.tdp_w * hours * gpu_count / 1000 * usd_per_kwh, 2) if hours is not None else None,
         calibration=calib,
+        gradient_checkpointing=checkpointing,
     )
 
 
