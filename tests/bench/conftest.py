@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from gpubox.extras import is_available
+
+# bench runs need torch (in the worker) and matplotlib (plots in the server); without them every test here skips
+MISSING = [m for m in ("torch", "matplotlib") if not is_available(m)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not MISSING:
+        return
+    skip = pytest.mark.skip(reason=f"needs the 'bench' extra (pip install -e '.[bench]'): {', '.join(MISSING)} missing")
+    for item in items:
+        if "tests/bench/" in str(item.path):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+async def bench_client(server: Any) -> AsyncIterator[Client]:
+    """One protocol era only: every call starts a torch worker, and the CPU is shared."""
+    async with Client(server) as c:
+        yield c

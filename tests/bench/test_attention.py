@@ -1,0 +1,133 @@
+"""bench_attention through the MCP tools on the CPU: real torch kernels in the real worker process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from typing import Any
+
+import psutil
+import pytest
+from mcp import Client
+from mcp.types import BlobResourceContents, ImageContent, TextResourceContents
+
+from gpubox.tools.bench.service import rank, winners
+
+pytestmark = pytest.mark.anyio
+SMALL = {"device": "cpu", "heads": 2, "seq_len": 64, "head_dim": [16, 32], "warmup": 1, "iterations": 2}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content, result.content
+
+
+async def test_cpu_backends_match_the_math_reference_and_a_winner_is_named_per_shape(bench_client: Client) -> None:
+    data, _ = await call(bench_client, "bench_attention", SMALL)
+    assert data["status"] == "complete" and data["device"] == "cpu" and data["dtype"] == "float32"
+    assert data["baseline"] == "sdpa_math"
+    ran = {(r["backend"], r["head_dim"], r["seq_len"]) for r in data["rows"]}
+    # PyTorch's CPU kernels: the math reference implementation and the fused (flash) one
+    assert ran == {(b, d, 64) for b in ("sdpa_math", "sdpa_flash") for d in (16, 32)}
+    for r in data["rows"]:
+        assert r["within_tolerance"] and r["max_abs_error"] <= data["tolerance"] == 2e-4
+        assert r["time_ms"] > 0 and r["tflops"] > 0 and r["time_ms_min"] <= r["time_ms"] <= r["time_ms_max"]
+        expected = 4 * 1 * 2 * 64 * 64 * r["head_dim"] / (r["time_ms"] * 1e-3) / 1e12
+        assert r["tflops"] == pytest.approx(expected, rel=1e-3)
+    for w in data["winners"]:
+        shape = [r for r in data["rows"] if (r["head_dim"], r["seq_len"]) == (w["head_dim"], w["seq_len"])]
+        assert w["backend"] == max(shape, key=lambda r: r["tflops"])["backend"]
+    math_rows = [r for r in data["rows"] if r["backend"] == "sdpa_math"]
+    assert all(r["speedup"] == 1.0 for r in math_rows)
+    assert data["peak_memory_mb"] > 0 and data["versions"]["torch"]
+
+
+async def test_backends_this_machine_lacks_are_skipped_with_the_reason_they_gave(bench_client: Client) -> None:
+    data, _ = await call(bench_client, "bench_attention", SMALL)
+    reasons = {s["backend"]: s["reason"] for s in data["skipped"]}
+    assert set(reasons) == {"sdpa_efficient", "sdpa_cudnn", "ffpa", "flash_attn"}
+    assert "CUDA only" in reasons["sdpa_efficient"] and "No viable backend" in reasons["sdpa_efficient"]
+    assert "CUDA kernels only" in reasons["ffpa"]
+    assert all(s["head_dim"] is None for s in data["skipped"])  # missing everywhere: one entry, not one per shape
+
+
+async def test_only_unavailable_backends_gives_skips_and_a_note_not_a_crash(bench_client: Client) -> None:
+    args = {**SMALL, "backends": ["sdpa_efficient", "ffpa"], "baseline": "sdpa_efficient"}
+    data, content = await call(bench_client, "bench_attention", args)
+    assert data["status"] == "complete" and data["rows"] == [] and data["plots"] == []
+    assert {s["backend"] for s in data["skipped"]} == {"sdpa_efficient", "ffpa"}
+    assert any("did not run" in n for n in data["notes"])
+    assert [w["backend"] for w in data["winners"]] == []
+    assert not [c for c in content if isinstance(c, ImageContent)]
+
+
+async def test_plots_come_back_as_png_images_with_one_series_per_backend(bench_client: Client) -> None:
+    from PIL import Image
+
+    data, content = await call(bench_client, "bench_attention", SMALL)
+    images = [c for c in content if isinstance(c, ImageContent)]
+    assert [i.mime_type for i in images] == ["image/png", "image/png"]
+    for img in images:
+        raw = base64.b64decode(img.data)
+        assert raw.startswith(PNG)
+        with Image.open(io.BytesIO(raw)) as im:
+            im.verify()
+            assert im.size[0] > 300 and im.size[1] > 200
+    plots = {p["name"]: p for p in data["plots"]}
+    assert plots["tflops"]["series"] == ["sdpa_flash", "sdpa_math"]
+    assert plots["speedup"]["series"] == ["sdpa_flash"]  # the baseline is the y=1 line, not a series
+    stored = await bench_client.read_resource(plots["tflops"]["uri"])
+    blob = stored.contents[0]
+    assert isinstance(blob, BlobResourceContents) and blob.mime_type == "image/png"
+    assert base64.b64decode(blob.blob) == base64.b64decode(images[0].data)
+
+
+async def test_the_raw_table_is_kept_as_json_and_csv_resources(bench_client: Client) -> None:
+    data, _ = await call(bench_client, "bench_attention", SMALL)
+    as_json = (await bench_client.read_resource(data["table_json"])).contents[0]
+    as_csv = (await bench_client.read_resource(data["table_csv"])).contents[0]
+    assert isinstance(as_json, TextResourceContents) and isinstance(as_csv, TextResourceContents)
+    rows = json.loads(as_json.text)
+    assert [(r["backend"], r["head_dim"]) for r in rows] == [(r["backend"], r["head_dim"]) for r in data["rows"]]
+    lines = as_csv.text.strip().splitlines()
+    assert lines[0].startswith("backend,head_dim,seq_len,time_ms") and len(lines) == 1 + len(rows)
+
+
+async def test_a_worker_over_its_time_limit_is_killed_and_reported(bench_client: Client) -> None:
+    # minutes of work on two cores; the one-second limit expires while torch is still importing or computing
+    args = {**SMALL, "seq_len": 4096, "head_dim": 512, "heads": 8, "iterations": 1000, "time_limit_s": 1}
+    data, _ = await call(bench_client, "bench_attention", args)
+    assert data["status"] == "timed_out"
+    assert "time limit of 1 s" in data["message"] and "killed" in data["message"]
+    workers = [
+        p for p in psutil.Process().children(recursive=True) if "gpubox.tools.bench.worker" in " ".join(p.cmdline())
+    ]
+    assert workers == []
+    listed, _ = await call(bench_client, "bench_list", {})  # the server is still answering
+    assert listed["runs"][0]["run_id"] == data["run_id"] and listed["runs"][0]["status"] == "timed_out"
+
+
+async def test_bad_shapes_are_refused_with_a_clear_message(bench_client: Client) -> None:
+    result = await bench_client.call_tool("bench_attention", {"head_dim": [], "device": "cpu"})
+    assert result.is_error and "empty list" in str(result.content[0])
+    result = await bench_client.call_tool("bench_attention", {"head_dim": 0, "device": "cpu"})
+    assert result.is_error and "greater than or equal to 1" in str(result.content[0])
+
+
+def test_a_backend_over_tolerance_is_flagged_and_never_wins() -> None:
+    rows: list[dict[str, Any]] = [
+        {"backend": "sdpa_efficient", "head_dim": 64, "seq_len": 512, "time_ms": 2.0, "tflops": 10.0,
+         "within_tolerance": True},
+        {"backend": "fast_but_wrong", "head_dim": 64, "seq_len": 512, "time_ms": 0.5, "tflops": 40.0,
+         "within_tolerance": False},
+        {"backend": "sdpa_flash", "head_dim": 64, "seq_len": 512, "time_ms": 1.0, "tflops": 20.0,
+         "within_tolerance": True},
+    ]  # fmt: skip
+    rank(rows, "sdpa_efficient")
+    assert [r["speedup"] for r in rows] == [1.0, None, 2.0]
+    assert [r["winner"] for r in rows] == [False, False, True]
+    assert winners(rows)[0].backend == "sdpa_flash"

@@ -1,0 +1,84 @@
+"""bench_device against the estimator: datasheet figures from its device specs, measured figures into its store.
+
+The catalog lists dense BF16/FP16 and FP32 TFLOPS; TF32 and FP8 are derived from BF16 with the ratios NVIDIA's
+Ampere/Hopper/Ada datasheets give for dense tensor-core math (TF32 = BF16 / 2, FP8 = 2 × BF16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpubox.errors import GpuboxError
+from gpubox.state import AppState
+from gpubox.tools.bench.schemas import DeviceFigure
+
+Sheet = dict[str, tuple[float | None, str | None]]
+TFLOPS_KEYS = {
+    "matmul_fp32": "fp32",
+    "matmul_tf32": "tf32",
+    "matmul_bf16": "bf16",
+    "matmul_fp16": "fp16",
+    "matmul_fp8": "fp8",
+    "matmul_fp64": "fp64",
+}
+
+
+def datasheet(state: AppState, device: str, name: str) -> tuple[Any | None, Sheet]:
+    """(the estimator's spec for this device or None, figure name -> (datasheet value, source)).
+
+    The spec is the one estimates use: a catalog entry, a GPU described from NVML, or the host CPU's defaults.
+    """
+    from gpubox.tools.estimate.adapter import estimator
+
+    try:
+        spec = estimator(state).device_spec("cpu" if device == "cpu" else name)
+    except GpuboxError:
+        return None, {}
+    src = f"estimator {spec.id}: " + "; ".join(spec.sources.values())
+    if device == "cpu":
+        # CPU matmuls are measured in GFLOPS; with AVX2/AVX-512 FMA an fp64 lane is twice an fp32 lane
+        return spec, {
+            "memory_copy": (spec.bandwidth_gbs, src),
+            "memory_triad": (spec.bandwidth_gbs, src),
+            "matmul_fp32": (spec.fp32_tflops * 1e3, src),
+            "matmul_fp64": (spec.fp32_tflops * 1e3 / 2, src + " (fp64 = fp32 / 2)"),
+        }
+    bf16 = spec.bf16_tflops if spec.bf16_supported else None
+    derived = src + " (derived from dense BF16)"
+    return spec, {
+        "memory_copy": (spec.bandwidth_gbs, src),
+        "memory_triad": (spec.bandwidth_gbs, src),
+        "matmul_fp32": (spec.fp32_tflops, src),
+        "matmul_bf16": (bf16, src),
+        "matmul_fp16": (spec.bf16_tflops, src),
+        "matmul_tf32": (bf16 / 2 if bf16 else None, derived),
+        "matmul_fp8": (bf16 * 2 if bf16 else None, derived),
+    }
+
+
+def record(state: AppState, device: str, spec: Any | None, figures: list[DeviceFigure], run_id: str) -> str:
+    """Store the measured bandwidth and TFLOPS as a device calibration; returns what happened, in words."""
+    from gpubox.tools.estimate.adapter import estimator
+
+    store = estimator(state).store
+    by_name = {f.name: f.measured for f in figures if f.measured is not None}
+    bandwidth = max((by_name[k] for k in ("memory_copy", "memory_triad") if k in by_name), default=None)
+    # GPU matmuls are reported in TFLOPS, CPU BLAS in GFLOPS: the store takes TFLOPS throughout
+    per_unit = 1.0 if device == "cuda" else 1e-3
+    tflops = {TFLOPS_KEYS[k]: round(v * per_unit, 6) for k, v in by_name.items() if k in TFLOPS_KEYS}
+    if spec is None:
+        return "nothing stored: the estimator does not know this device (add it to <state_dir>/catalog/gpus.json)"
+    gpu = spec.id
+    if bandwidth is None:
+        return "nothing stored: no bandwidth was measured"
+    record_device = getattr(store, "record_device", None)
+    if record_device is None:
+        return (
+            "nothing stored: this gpubox's estimator has no CalibrationStore.record_device yet, so estimates "
+            "keep catalog figures"
+        )
+    profile = record_device(gpu, round(bandwidth, 3), tflops, f"bench_device run {run_id}")
+    return (
+        f"stored as a device calibration for '{gpu}' (profile #{getattr(profile, 'id', '?')}): {bandwidth:.1f} GB/s, "
+        f"TFLOPS {tflops}; estimate_* on '{gpu}' now use these in place of the datasheet figures"
+    )

@@ -1,0 +1,325 @@
+"""The bench service: refuses while the GPU is held, runs the worker, ranks, plots, stores runs and calibrations."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.settings import Settings
+from gpubox.state import AppState
+from gpubox.tools.bench import plots
+from gpubox.tools.bench.runs import RunStore, uri
+from gpubox.tools.bench.schemas import (
+    AttentionBench,
+    AttentionRow,
+    DeviceBench,
+    DeviceFigure,
+    PlotRef,
+    PlotResult,
+    RunList,
+    RunSummary,
+    ShapeWinner,
+    SkippedBackend,
+)
+from gpubox.tools.bench.worker import WorkerOutcome, run_worker
+
+Progress = Callable[[float, float | None, str], Awaitable[None]]
+CPU_BASELINE = "sdpa_math"
+GPU_BASELINE = "sdpa_efficient"
+
+
+def active_finetune_jobs(settings: Settings) -> list[str]:
+    """Fine-tune jobs holding the GPU: the finetune family's job store in <state_dir>/finetune, when present."""
+    root = settings.state_dir / "finetune"
+    if not (root / "jobs.sqlite").is_file():
+        return []
+    try:
+        from gpubox.tools.finetune.jobs import JobStore
+    except ImportError:
+        return []
+    return [
+        f"fine-tune job '{r['id']}' ({r['method']} on {r['base_model']}, {r['state']})" for r in JobStore(root).active()
+    ]
+
+
+def busy_inference(state: AppState) -> list[str]:
+    """Models generating right now (a resident but idle model does not disturb a benchmark)."""
+    mgr = state.peek("inference")
+    resident = dict(getattr(mgr, "resident", {}) or {})
+    return [f"inference on '{name}'" for name, r in resident.items() if getattr(r, "busy", 0) > 0]
+
+
+class BenchService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.runs = RunStore(settings.state_dir / "bench" / "runs")
+        self._lock = threading.Lock()
+        self.active: str | None = None
+
+    # --- admission ------------------------------------------------------------------------------
+    async def _admit(self, state: AppState, what: str) -> None:
+        holders = await anyio.to_thread.run_sync(lambda: active_finetune_jobs(self.settings) + busy_inference(state))
+        if holders:
+            raise BusyError(
+                f"the GPU is in use by {', '.join(holders)}; a benchmark now would measure contention. "
+                "Wait for it to finish (finetune_status / infer_models) or cancel it, then call again."
+            )
+        if not self._lock.acquire(blocking=False):
+            raise BusyError(f"another benchmark ({self.active}) is running; call again when it has finished")
+        self.active = what
+
+    def _release(self) -> None:
+        self.active = None
+        self._lock.release()
+
+    async def _run(
+        self,
+        state: AppState,
+        task: str,
+        params: dict[str, Any],
+        limit: float,
+        progress: Progress | None,
+        total: float | None,
+    ) -> WorkerOutcome:
+        await self._admit(state, task)
+        done = 0
+
+        async def on_event(event: dict[str, Any]) -> None:
+            nonlocal done
+            if progress is None or event.get("type") not in ("row", "skip", "figure"):
+                return
+            done += 1
+            label = event.get("backend") or event.get("name") or ""
+            shape = f" D={event['head_dim']} N={event['seq_len']}" if event.get("head_dim") else ""
+            await progress(done, total, f"{event['type']} {label}{shape}")
+
+        try:
+            return await run_worker(task, params, limit, on_event)
+        finally:
+            self._release()
+
+    # --- bench_attention ------------------------------------------------------------------------
+    async def attention(
+        self,
+        state: AppState,
+        params: dict[str, Any],
+        baseline: str,
+        time_limit_s: float,
+        progress: Progress | None = None,
+    ) -> tuple[AttentionBench, list[plots.Plot]]:
+        n_shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
+        total = float(n_shapes * len(params.get("backends") or [1])) if params.get("head_dims") else None
+        outcome = await self._run(state, "attention", params, time_limit_s, progress, total)
+        run_id = self.runs.new_id("attention")
+        result, figs = await anyio.to_thread.run_sync(lambda: self._attention_result(run_id, params, baseline, outcome))
+        return result, figs
+
+    def _attention_result(
+        self, run_id: str, params: dict[str, Any], baseline: str, outcome: WorkerOutcome
+    ) -> tuple[AttentionBench, list[plots.Plot]]:
+        env = next((e for e in outcome.events if e["type"] == "env"), {})
+        device = env.get("device", "unknown")
+        if baseline == "auto":
+            baseline = GPU_BASELINE if device == "cuda" else CPU_BASELINE
+        rows = [{k: v for k, v in e.items() if k != "type"} for e in outcome.events if e["type"] == "row"]
+        rank(rows, baseline)
+        skipped = [
+            SkippedBackend(**{k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "skip"
+        ]
+        mode = (" causal" if params["causal"] else "") + (" fwd+bwd" if params["backward"] else "")
+        name = env.get("device_name", device)
+        title = f"{name} · {env.get('dtype', '?')} · B={params['batch']} H={env.get('heads')}{mode}"
+        figs = [plots.tflops_plot(rows, title), plots.speedup_plot(rows, title, baseline)] if rows else []
+        notes = []
+        if not any(r["backend"] == baseline for r in rows):
+            notes.append(f"the baseline {baseline} did not run, so there are no speedups; see skipped")
+        if any(not r["within_tolerance"] for r in rows):
+            notes.append("rows with within_tolerance=false disagree with the math reference: not ranked or plotted")
+        done = next((e for e in outcome.events if e["type"] == "done"), {})
+        result = AttentionBench(
+            run_id=run_id,
+            status=outcome.status,  # type: ignore[arg-type]
+            message=outcome.message,
+            device=device,
+            device_name=env.get("device_name", "unknown"),
+            dtype=env.get("dtype", params.get("dtype") or "unknown"),
+            batch=params["batch"],
+            heads=env.get("heads", params.get("heads") or 0),
+            causal=params["causal"],
+            backward=params["backward"],
+            warmup=params["warmup"],
+            iterations=params["iterations"],
+            baseline=baseline,
+            tolerance=env.get("tolerance", 0.0),
+            timing=env.get("timing", ""),
+            rows=[AttentionRow(**r) for r in rows],
+            skipped=skipped,
+            winners=winners(rows),
+            peak_memory_mb=done.get("peak_memory_mb"),
+            versions=self._versions(env),
+            plots=[PlotRef(name=p.name, uri=uri(run_id, p.name + ".png"), series=p.series) for p in figs],
+            table_json=uri(run_id, "table.json"),
+            table_csv=uri(run_id, "table.csv"),
+            elapsed_s=round(outcome.elapsed_s, 2),
+            notes=notes,
+        )
+        self._store(run_id, "attention", result.model_dump(), [r.model_dump() for r in result.rows], figs)
+        return result, figs
+
+    # --- bench_device ---------------------------------------------------------------------------
+    async def device(
+        self, state: AppState, params: dict[str, Any], time_limit_s: float, progress: Progress | None = None
+    ) -> DeviceBench:
+        outcome = await self._run(state, "device", params, time_limit_s, progress, None)
+        run_id = self.runs.new_id("device")
+        return await anyio.to_thread.run_sync(lambda: self._device_result(state, run_id, outcome))
+
+    def _device_result(self, state: AppState, run_id: str, outcome: WorkerOutcome) -> DeviceBench:
+        from gpubox.tools.bench.calibrate import datasheet, record
+
+        env = next((e for e in outcome.events if e["type"] == "env"), {})
+        device, name = env.get("device", "unknown"), env.get("device_name", "unknown")
+        spec, sheet = datasheet(state, device, name)
+        figures = []
+        for e in (e for e in outcome.events if e["type"] == "figure"):
+            ref, source = sheet.get(e["name"], (None, None))
+            m = e["measured"]
+            figures.append(
+                DeviceFigure(
+                    name=e["name"],
+                    unit=e["unit"],
+                    measured=round(m, 3) if m is not None else None,
+                    datasheet=ref,
+                    ratio=round(m / ref, 3) if m and ref else None,
+                    source=source,
+                    detail=e["detail"],
+                )
+            )
+        calibration = (
+            record(state, device, spec, figures, run_id)
+            if outcome.status == "complete"
+            else f"nothing stored: the run {outcome.status.replace('_', ' ')}"
+        )
+        result = DeviceBench(
+            run_id=run_id,
+            status=outcome.status,  # type: ignore[arg-type]
+            message=outcome.message,
+            device=device,
+            device_name=name,
+            catalog_id=spec.id if spec else None,
+            figures=figures,
+            calibration=calibration,
+            versions=self._versions(env),
+            elapsed_s=round(outcome.elapsed_s, 2),
+        )
+        dumped = [f.model_dump() for f in figures]
+        figs = [plots.device_plot(dumped, f"{name} · measured vs datasheet")] if figures else []
+        self._store(run_id, "device", result.model_dump(), None, figs)
+        return result
+
+    # --- history --------------------------------------------------------------------------------
+    def _versions(self, env: dict[str, Any]) -> dict[str, str]:
+        out = dict(env.get("versions") or {})
+        if env.get("device") == "cuda":
+            from gpubox.tools.gpu.nvml import gpu_status
+
+            status = gpu_status()
+            if status.driver_version:
+                out["driver"] = status.driver_version
+        return out
+
+    def _store(
+        self, run_id: str, kind: str, result: dict[str, Any], rows: list[dict[str, Any]] | None, figs: list[plots.Plot]
+    ) -> None:
+        record = {"kind": kind, "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "result": result}
+        self.runs.save(run_id, record, rows)
+        for p in figs:
+            self.runs.save_file(run_id, p.name + ".png", p.png)
+
+    def summary(self, record: dict[str, Any], run_id: str) -> RunSummary:
+        r = record["result"]
+        if record["kind"] == "attention":
+            won = [w for w in r["winners"] if w["backend"]]
+            text = f"{len(r['rows'])} rows, D={sorted({x['head_dim'] for x in r['rows']})}; winners: " + (
+                ", ".join(f"D={w['head_dim']} N={w['seq_len']}: {w['backend']}" for w in won[:6]) or "none"
+            )
+        else:
+            text = "; ".join(f"{f['name']} {f['measured']:.4g} {f['unit']}" for f in r["figures"] if f["measured"])
+        return RunSummary(
+            run_id=run_id,
+            kind=record["kind"],
+            status=r["status"],
+            created_at=record["created_at"],
+            device=r["device"],
+            device_name=r["device_name"],
+            versions=r["versions"],
+            summary=text,
+            files=[uri(run_id, f) for f in self.runs.files(run_id)],
+        )
+
+    def list(self, limit: int) -> RunList:
+        out = [self.summary(rec, rec["result"]["run_id"]) for rec in self.runs.list(limit)]
+        return RunList(runs=out, directory=str(self.runs.root))
+
+    def replot(self, run_id: str, against: str | None) -> tuple[PlotResult, list[plots.Plot]]:
+        rec = self.runs.load(run_id)
+        old = self.runs.load(against) if against else None
+        if old is not None and old["kind"] != rec["kind"]:
+            raise InvalidInputError(
+                f"run {against} is a {old['kind']} run and {run_id} an {rec['kind']} run; compare runs of the same kind"
+            )
+        r, notes = rec["result"], []
+        label = f"{against} ({old['result']['device_name']})" if old else ""
+        title = f"{r['device_name']} · {run_id}" + (f" vs {against}" if against else "")
+        if rec["kind"] == "attention":
+            figs = [plots.tflops_plot(r["rows"], title, old["result"]["rows"] if old else None, label or "earlier")]
+            if not old:
+                figs.append(plots.speedup_plot(r["rows"], title, r["baseline"]))
+        else:
+            figs = [plots.device_plot(r["figures"], title, old["result"]["figures"] if old else None, label)]
+        if not figs[0].series:
+            raise NotFoundError(f"run {run_id} has no measured rows to plot; run bench_attention again")
+        if old:
+            diff = set(old["result"]["versions"].items()) ^ set(r["versions"].items())
+            if diff:
+                notes.append("versions differ: " + ", ".join(sorted({k for k, _ in diff})))
+        for p in figs:
+            self.runs.save_file(run_id, p.name + ".png", p.png)
+        refs = [PlotRef(name=p.name, uri=uri(run_id, p.name + ".png"), series=p.series) for p in figs]
+        return PlotResult(run_id=run_id, against=against, plots=refs, notes=notes), figs
+
+
+def rank(rows: list[dict[str, Any]], baseline: str) -> None:
+    """Speedup against the baseline at the same shape; flagged (out-of-tolerance) rows get none."""
+    base = {(r["head_dim"], r["seq_len"]): r["time_ms"] for r in rows if r["backend"] == baseline}
+    for r in rows:
+        b = base.get((r["head_dim"], r["seq_len"]))
+        r["speedup"] = round(b / r["time_ms"], 3) if b and r["within_tolerance"] else None
+        r["winner"] = False
+    for w in winners(rows):
+        for r in rows:
+            if (r["head_dim"], r["seq_len"], r["backend"]) == (w.head_dim, w.seq_len, w.backend):
+                r["winner"] = True
+
+
+def winners(rows: list[dict[str, Any]]) -> list[ShapeWinner]:
+    shapes = sorted({(r["head_dim"], r["seq_len"]) for r in rows})
+    out = []
+    for d, n in shapes:
+        ok = [r for r in rows if (r["head_dim"], r["seq_len"]) == (d, n) and r["within_tolerance"]]
+        best = max(ok, key=lambda r: r["tflops"], default=None)
+        out.append(
+            ShapeWinner(
+                head_dim=d,
+                seq_len=n,
+                backend=best["backend"] if best else None,
+                tflops=best["tflops"] if best else None,
+                speedup=best.get("speedup") if best else None,
+            )
+        )
+    return out
