@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.prompts import bench, gpu, search
+from gpubox.prompts import bench, finetune, gpu, search
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu, search, bench):
+    for module in (gpu, search, finetune, bench):
         module.register(mcp)

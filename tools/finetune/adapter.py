@@ -1,0 +1,131 @@
+"""Fine-tuning family: finetune_plan, finetune_launch, finetune_status, finetune_list, finetune_cancel,
+finetune_resume. Thin adapters over gpubox.tools.finetune.service.
+
+finetune_plan's flat parameters are generated from FinetuneRequest's fields (same names, types, bounds and
+descriptions), so the tool schema and the request model cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
+
+from gpubox.errors import GpuboxError
+from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.state import AppState
+from gpubox.tools.estimate.adapter import estimator
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.finetune.service import Finetuner
+
+# Filled in by the plan from the dataset and the device present, not by the caller.
+PLAN_ONLY = {"dataset_samples", "dataset_tokens", "gpu", "tokens_per_s"}
+JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$", description="Job id")]
+
+
+def finetuner(state: AppState) -> Finetuner:
+    ft = state.service("finetune", Finetuner)
+    if ft.calibrate is None:
+        ft.calibrate = lambda info: record_calibration(state, info)
+    return ft
+
+
+def record_calibration(state: AppState, info: dict[str, Any]) -> str:
+    """Store a finished job's measured tokens/s and peak memory as a training calibration."""
+    req = info["request"]
+    device = info.get("device", "cpu")
+    try:
+        m = estimator(state).record_training(
+            "cpu" if device == "cpu" else "local",
+            info["base"]["path"],
+            req["method"],
+            req["max_length"],
+            info["per_device_train_batch_size"],
+            bool(info["gradient_checkpointing"]),
+            tokens_per_s=info.get("tokens_per_s"),
+            peak_memory_gb=info.get("peak_memory_gb"),
+            lora_rank=req["lora_r"],
+            note=f"finetune job {info['job_id']} ({device})",
+        )
+    except (GpuboxError, TypeError, ValueError) as exc:
+        return f"calibration not recorded: {exc}"
+    return f"calibration recorded: {getattr(m, 'tokens_per_s', None)} tokens/s on {getattr(m, 'gpu', device)}"
+
+
+def _plan_signature() -> inspect.Signature:
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
+    for name, fi in FinetuneRequest.model_fields.items():
+        if name in PLAN_ONLY:
+            continue
+        annotation = Annotated[fi.annotation, *fi.metadata, Field(description=fi.description)]  # type: ignore[valid-type]
+        default = inspect.Parameter.empty if fi.is_required() else fi.get_default(call_default_factory=True)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+    return inspect.Signature(params, return_annotation=FinetunePlan)
+
+
+def register(mcp: MCPServer[Any]) -> None:
+    def finetune_plan(ctx: Context, **request: Any) -> FinetunePlan:
+        """Plan a LoRA/QLoRA/full fine-tune before launching it: validates every dataset row (chat 'messages',
+        prompt/completion or 'text'; the first bad row is named), summarises the data (rows, token length
+        percentiles, rows truncated at max_length), resolves the base model, and picks the micro-batch, gradient
+        accumulation and checkpointing for the device present (GPU, or host RAM on CPU) from the estimator's memory
+        planner, with estimated tokens/s and time. Returns a plan_id: pass it to finetune_launch."""
+        state = app_state(ctx)
+        return finetuner(state).plan(FinetuneRequest(**request), estimator(state))
+
+    finetune_plan.__signature__ = _plan_signature()  # type: ignore[attr-defined]
+    gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune")(finetune_plan)
+
+    @gpubox_tool(mcp, annotations=WRITES, title="Launch a fine-tune")
+    def finetune_launch(
+        ctx: Context,
+        plan_id: Annotated[str, Field(min_length=1, max_length=64, description="plan_id from finetune_plan")],
+    ) -> JobStatus:
+        """Start the planned job in a background worker process (trl SFTTrainer + peft) and return at once with
+        its job_id. One job runs at a time: a second launch is refused naming the running job. On an
+        out-of-memory error the worker halves the micro-batch and doubles accumulation (logged in events). The
+        finished adapter appears in infer_models. Poll with finetune_status(job_id, wait_seconds=60)."""
+        return finetuner(app_state(ctx)).launch(plan_id)
+
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune status")
+    async def finetune_status(
+        ctx: Context,
+        job_id: JobId,
+        wait_seconds: Annotated[
+            float, Field(ge=0, le=60, description="Long-poll: wait up to this long for the step or state to change")
+        ] = 0,
+        include_log: Annotated[bool, Field(description="Include the last lines of the job log")] = False,
+    ) -> JobStatus:
+        """State, step/total, epoch, latest and smoothed loss, eval loss, learning rate, tokens/s, elapsed and
+        ETA, peak memory, checkpoints, adapter path, decisions taken (events) and, for failed jobs, the log tail.
+        With wait_seconds it returns as soon as the step or state changes (progress notifications meanwhile)."""
+        ft = finetuner(app_state(ctx))
+        st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
+        deadline = time.monotonic() + wait_seconds
+        start = (st.state, st.step)
+        while st.state in ACTIVE and (st.state, st.step) == start and time.monotonic() < deadline:
+            await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
+            await ctx.report_progress(st.step, st.total_steps, f"{st.state}: step {st.step}/{st.total_steps}")
+        return st
+
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune jobs")
+    def finetune_list(ctx: Context) -> JobList:
+        """Every fine-tuning job on this box, newest first, with its status."""
+        return finetuner(app_state(ctx)).list()
+
+    @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Cancel a fine-tune")
+    def finetune_cancel(ctx: Context, job_id: JobId) -> JobStatus:
+        """Stop a running job cleanly: it saves a checkpoint at the end of the current step and exits (waits up
+        to a minute). finetune_resume continues it from that checkpoint."""
+        return finetuner(app_state(ctx)).cancel(job_id)
+
+    @gpubox_tool(mcp, annotations=WRITES, title="Resume a fine-tune")
+    def finetune_resume(ctx: Context, job_id: JobId) -> JobStatus:
+        """Restart a cancelled or failed job with the same configuration from its latest checkpoint, in a new
+        background worker. Poll with finetune_status."""
+        return finetuner(app_state(ctx)).resume(job_id)

@@ -1,0 +1,161 @@
+"""Job store: one SQLite row per job plus a job folder (config, log, metrics JSONL, checkpoints).
+
+The server and the worker processes both write here, so every connection is short-lived with a busy timeout,
+and the worker owns the progress of its own job. A job's process is identified by pid *and* start time, so a
+recycled pid after a reboot or a long uptime is never mistaken for the job.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpubox.tools.finetune.schemas import ACTIVE, JobState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    adapter_name TEXT NOT NULL,
+    base_model TEXT NOT NULL,
+    method TEXT NOT NULL,
+    created REAL NOT NULL,
+    pid INTEGER,
+    pid_started REAL,
+    finished REAL,
+    error TEXT,
+    result TEXT,
+    calibrated INTEGER NOT NULL DEFAULT 0
+)
+"""
+LOG_TAIL_LINES = 30
+
+
+class JobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.jobs_dir = root / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.db = root / "jobs.sqlite"
+        with self._conn() as c:
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute(SCHEMA)
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        conn.row_factory = sqlite3.Row
+        try:
+            with conn:
+                yield conn
+        finally:
+            conn.close()
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def create(self, job_id: str, adapter_name: str, base_model: str, method: str) -> None:
+        with self._conn() as c:
+            c.execute(
+                "INSERT INTO jobs (id, state, adapter_name, base_model, method, created) VALUES (?,?,?,?,?,?)",
+                (job_id, "starting", adapter_name, base_model, method, time.time()),
+            )
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        with self._conn() as c:
+            row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dict(row) if row else None
+
+    def all(self) -> list[dict[str, Any]]:
+        with self._conn() as c:
+            return [dict(r) for r in c.execute("SELECT * FROM jobs ORDER BY created DESC")]
+
+    def ids(self) -> list[str]:
+        return [r["id"] for r in self.all()]
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        if "result" in fields and not isinstance(fields["result"], str | None):
+            fields["result"] = json.dumps(fields["result"])
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._conn() as c:
+            c.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def set_process(self, job_id: str, pid: int) -> None:
+        self.update(job_id, pid=pid, pid_started=process_start(pid))
+
+    def finish(
+        self, job_id: str, state: JobState, error: str | None = None, result: dict[str, Any] | None = None
+    ) -> None:
+        fields: dict[str, Any] = {"state": state, "finished": time.time(), "error": error}
+        if result is not None:
+            fields["result"] = result
+        self.update(job_id, **fields)
+
+    def reconcile(self, job_id: str) -> dict[str, Any] | None:
+        """The job row, after marking an active job whose process is gone as failed (with its log tail)."""
+        row = self.get(job_id)
+        if row is None or row["state"] not in ACTIVE or alive(row["pid"], row["pid_started"]):
+            return row
+        time.sleep(0.2)  # the worker may be committing its final state right now
+        row = self.get(job_id)
+        if row is None or row["state"] not in ACTIVE:
+            return row
+        self.finish(job_id, "failed", error="the worker process exited without finishing; see log_tail")
+        return self.get(job_id)
+
+    def active(self) -> list[dict[str, Any]]:
+        return [r for jid in self.ids() if (r := self.reconcile(jid)) and r["state"] in ACTIVE]
+
+
+def process_start(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def alive(pid: int | None, started: float | None) -> bool:
+    if not pid:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(p.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
+    log = job_dir / "log.txt"
+    if not log.is_file():
+        return ""
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - 16_384))
+        text = f.read().decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_metrics(job_dir: Path) -> list[dict[str, Any]]:
+    path = job_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return out
+
+
+def append_metric(job_dir: Path, record: dict[str, Any]) -> None:
+    with (job_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")

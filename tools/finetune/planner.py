@@ -1,0 +1,166 @@
+"""finetune_plan: resolve the base model and dataset, validate every row, and choose the batch layout.
+
+Memory, tokens/s and time come from the estimator's training planner (tools/estimate), fed the dataset's real
+size; the micro-batch is the planner's choice for the device present unless the request fixes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError
+from gpubox.paths import open_inside, resolve_inside
+from gpubox.tools.finetune import data
+from gpubox.tools.finetune.base import hf_ready
+from gpubox.tools.finetune.schemas import DatasetSummary, FinetuneRequest, ResolvedBase
+
+CPU_MICRO_BATCH = 4  # CPU training is compute-bound long before RAM runs out; 4 keeps steps short
+
+
+def resolve_base(model: str, registry: dict[str, Any], roots: Sequence[Path], base_dir: Path) -> ResolvedBase:
+    """A registry name (bundled GGUF, model dirs) or a path inside the allowed roots/model dirs."""
+    entry = registry.get(model.lower())
+    if entry is not None:
+        if entry.format == "lora":
+            raise InvalidInputError(f"{model} is a LoRA adapter; fine-tune its base model '{entry.base_model}' instead")
+        name, path, fmt = entry.name, Path(entry.path), entry.format
+    else:
+        if "/" not in model and not model.endswith(".gguf"):
+            names = sorted(k for k, v in registry.items() if v.format != "lora")
+            raise NotFoundError(
+                f"no model named '{model}'. Models here: {', '.join(names) or 'none'}; or pass a path to a .gguf "
+                "file or an HF folder inside the allowed roots"
+            )
+        path = resolve_inside(model, roots, what="model")
+        if path.is_file() and path.suffix == ".gguf":
+            name, fmt = path.stem.lower(), "gguf"
+        elif path.is_dir() and (path / "config.json").is_file():
+            name, fmt = path.name.lower(), "hf"
+        else:
+            raise InvalidInputError(f"{path} is neither a .gguf file nor a Hugging Face folder with config.json")
+    # a distinct folder name, so the HF copy never shadows the GGUF entry of the same model in infer_models
+    hf_path = path if fmt == "hf" else base_dir / f"{name}-hf"
+    return ResolvedBase(name=name, path=str(path), format=fmt, hf_path=str(hf_path), hf_ready=hf_ready(hf_path))
+
+
+def load_tokenizer(base: ResolvedBase) -> Any:
+    from transformers import AutoTokenizer
+
+    if base.format == "hf" or base.hf_ready:
+        return AutoTokenizer.from_pretrained(base.hf_path)
+    p = Path(base.path)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+def summarise(
+    req: FinetuneRequest, allowed_roots: Sequence[Path], tokenizer_of: Callable[[], Any]
+) -> tuple[DatasetSummary, list[dict[str, Any]], int]:
+    """Validated rows, their summary, and the training tokens after truncation."""
+    path = resolve_inside(req.dataset, allowed_roots, what="dataset")
+    fmt, rows = data.load(path, lambda p: open_inside(p, allowed_roots, what="dataset"))
+    lengths = data.token_lengths(rows, fmt, tokenizer_of())
+    scale = len(rows) / len(lengths)
+    n_eval = 0
+    if req.eval_split > 0:
+        n_eval = max(1, round(len(rows) * req.eval_split))
+        if n_eval >= len(rows):
+            raise InvalidInputError(f"eval_split {req.eval_split} leaves no training rows out of {len(rows)}")
+    summary = DatasetSummary(
+        path=str(path),
+        format=fmt,
+        rows=len(rows),
+        train_rows=len(rows) - n_eval,
+        eval_rows=n_eval,
+        tokens_total=round(sum(lengths) * scale),
+        token_length_percentiles=data.percentiles(lengths),
+        truncated_rows=round(sum(n > req.max_length for n in lengths) * scale),
+    )
+    train_tokens = round(sum(min(n, req.max_length) for n in lengths) * scale * summary.train_rows / len(rows))
+    return summary, rows, train_tokens
+
+
+def estimate(estimator: Any, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int) -> Any:
+    """The estimator's TrainingEstimate for this request, or raise GpuboxError."""
+    from gpubox.tools.estimate.requests import TrainingRequest
+
+    fields = {k: getattr(req, k) for k in TrainingRequest.model_fields}
+    fields.update(model=base.hf_path if base.hf_ready or base.format == "hf" else base.path)
+    fields.update(dataset_samples=train_rows, dataset_tokens=max(tokens, 1))
+    if fields["per_device_train_batch_size"] == "auto":
+        fields["per_device_train_batch_size"] = None
+    treq = TrainingRequest(**fields)
+    try:
+        return estimator.training(treq)
+    except TypeError:
+        # the estimator before it took one TrainingRequest: its positional signature
+        targets = treq.lora_target_modules
+        return estimator.training(
+            treq.model,
+            treq.method,
+            treq.lora_r,
+            ["all-linear"] if targets in (None, "all-linear") else targets,
+            treq.max_length,
+            treq.per_device_train_batch_size if isinstance(treq.per_device_train_batch_size, int) else None,
+            treq.gradient_checkpointing is not False,
+            treq.optim if treq.optim in ("adamw_8bit", "paged_adamw_8bit", "sgd") else "adamw",
+            treq.weight_format,
+            treq.dataset_samples,
+            treq.dataset_tokens,
+            treq.num_train_epochs,
+            treq.target_global_batch,
+            "local",
+        )
+
+
+def layout(
+    req: FinetuneRequest, device: str, train_rows: int, train_tokens: int, est_result: Any
+) -> tuple[int, int, bool, int, str]:
+    """(micro-batch, accumulation, checkpointing, total steps, why this micro-batch)."""
+    if isinstance(req.per_device_train_batch_size, int):
+        micro, why = req.per_device_train_batch_size, "set in the request"
+    elif est_result is not None and getattr(est_result, "micro_batch", None):
+        micro = int(est_result.micro_batch)
+        why = f"the estimator's planner for {getattr(est_result, 'gpu', device)}" + (
+            f" ({est_result.calibration})" if getattr(est_result, "calibration", None) else ""
+        )
+        if device == "cpu":
+            micro = min(micro, CPU_MICRO_BATCH)
+            why += f", capped at {CPU_MICRO_BATCH} on CPU"
+    else:
+        micro, why = CPU_MICRO_BATCH if device == "cpu" else 1, "default (no memory plan available)"
+    samples = math.ceil(train_tokens / req.max_length) if req.packing else train_rows
+    micro = max(1, min(micro, samples))
+    nproc = req.num_processes
+    if req.gradient_accumulation_steps:
+        accum = req.gradient_accumulation_steps
+    elif req.target_global_batch:
+        accum = max(1, math.ceil(req.target_global_batch / (micro * nproc)))
+    else:
+        accum = 1
+    if req.gradient_checkpointing == "auto":
+        checkpointing = bool(getattr(est_result, "memory", None) and device == "cuda" and _needs_gc(est_result))
+    else:
+        checkpointing = bool(req.gradient_checkpointing)
+    steps = req.max_steps or max(1, math.ceil(math.ceil(samples / (micro * nproc)) / accum * req.num_train_epochs))
+    return micro, accum, checkpointing, steps, why
+
+
+def _needs_gc(est_result: Any) -> bool:
+    without = getattr(est_result, "without_checkpointing", None) or []
+    micro = getattr(est_result, "micro_batch", None)
+    return not any(getattr(c, "micro_batch", 0) == micro and getattr(c, "fits", False) for c in without)
+
+
+def estimate_or_warning(
+    estimator: Any, req: FinetuneRequest, base: ResolvedBase, rows: int, tokens: int, warnings: list[str]
+) -> tuple[Any, Any]:
+    try:
+        est = estimate(estimator, req, base, rows, tokens)
+    except (GpuboxError, TypeError, ValueError) as exc:
+        warnings.append(f"no memory/time estimate: {exc}")
+        return None, None
+    results = getattr(est, "results", None) or []
+    return est, results[0] if results else None

@@ -1,0 +1,324 @@
+"""The fine-tuning service: plans, job launch in detached worker processes, status, cancel, resume.
+
+State lives on disk (`<state_dir>/finetune/`: jobs.sqlite, jobs/<id>/, plans/, adapters/, base/), so a restarted
+server finds running jobs again; nothing here imports torch except the tokenizer used by plan().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.paths import open_inside
+from gpubox.settings import Settings
+from gpubox.tools.finetune import planner
+from gpubox.tools.finetune.jobs import JobStore, alive, log_tail, read_metrics
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.gpu.nvml import gpu_status
+
+EMA = 0.8
+
+
+class Finetuner:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.state_dir / "finetune"
+        self.store = JobStore(self.root)
+        self.plans_dir = self.root / "plans"
+        self.adapters_dir = self.root / "adapters"
+        self.base_dir = self.root / "base"
+        for d in (self.plans_dir, self.adapters_dir, self.base_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # set by the adapter: records a finished job's measured memory and tokens/s as an estimator calibration
+        self.calibrate: Callable[[dict[str, Any]], str] | None = None
+
+    # --- plan -----------------------------------------------------------------------------------
+    def registry(self) -> dict[str, Any]:
+        from gpubox.tools.inference.registry import discover
+
+        return discover([*self.settings.model_dirs, self.settings.state_dir / "models"])
+
+    def plan(self, req: FinetuneRequest, estimator: Any = None) -> FinetunePlan:
+        base = planner.resolve_base(req.model, self.registry(), self.roots, self.base_dir)
+        summary, _rows, tokens = planner.summarise(
+            req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)
+        )
+        status = gpu_status()
+        device = "cuda" if status.gpus else "cpu"
+        warnings: list[str] = []
+        if device == "cuda":
+            for g in status.gpus:
+                procs = getattr(g, "processes", None) or []
+                if procs:
+                    warnings.append(
+                        f"GPU {g.index} is in use by {len(procs)} other process(es); the plan uses free memory"
+                    )
+        elif req.method == "qlora":
+            warnings.append("QLoRA on CPU runs (bitsandbytes 4-bit) but is slower than LoRA; it pays off on a GPU")
+        if summary.truncated_rows:
+            warnings.append(
+                f"{summary.truncated_rows} of {summary.rows} rows are longer than max_length {req.max_length} tokens "
+                f"and will be cut (p99 length {summary.token_length_percentiles['p99']})"
+            )
+        if req.use_liger_kernel and (device == "cpu" or not _installed("liger_kernel")):
+            warnings.append("use_liger_kernel needs the liger-kernel package and a CUDA GPU; it was turned off")
+            req = req.model_copy(update={"use_liger_kernel": False})
+        if req.num_processes > 1:
+            warnings.append("num_processes > 1 is not supported by finetune_launch yet; the job uses 1 process")
+            req = req.model_copy(update={"num_processes": 1})
+        est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, warnings)
+        micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
+        memory = getattr(on, "memory", None)
+        plan = FinetunePlan(
+            plan_id=uuid.uuid4().hex[:12],
+            request=req,
+            base=base,
+            device=device,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=accum,
+            global_batch=micro * accum * req.num_processes,
+            gradient_checkpointing=gc_on,
+            total_steps=steps,
+            batch_source=why,
+            estimated_memory_gb=getattr(memory, "total_gb", None),
+            estimated_tokens_per_s=getattr(on, "tokens_per_s", None),
+            estimated_hours=getattr(on, "wall_hours", None),
+            estimate=est.model_dump(mode="json") if est is not None and hasattr(est, "model_dump") else None,
+            dataset=summary,
+            speed_options={
+                "packing": req.packing,
+                "use_liger_kernel": req.use_liger_kernel,
+                "gradient_checkpointing": gc_on,
+            },
+            warnings=warnings,
+        )
+        (self.plans_dir / f"{plan.plan_id}.json").write_text(plan.model_dump_json(indent=2), encoding="utf-8")
+        return plan
+
+    def load_plan(self, plan_id: str) -> FinetunePlan:
+        path = self.plans_dir / f"{plan_id}.json"
+        if not plan_id.isalnum() or not path.is_file():
+            raise NotFoundError(f"no plan '{plan_id}'; call finetune_plan first and pass its plan_id")
+        return FinetunePlan.model_validate_json(path.read_text(encoding="utf-8"))
+
+    # --- launch ---------------------------------------------------------------------------------
+    def launch(self, plan_id: str, inject_oom: int = 0) -> JobStatus:
+        plan = self.load_plan(plan_id)
+        running = self.store.active()
+        if running:
+            r = running[0]
+            raise BusyError(
+                f"job {r['id']} ({r['adapter_name']}) is {r['state']}; one training job runs at a time. Wait for it "
+                f"(finetune_status job_id='{r['id']}' wait_seconds=60) or stop it with finetune_cancel"
+            )
+        req = plan.request
+        job_id = uuid.uuid4().hex[:10]
+        name = req.output_name or f"ft-{job_id}"
+        adapter_dir = self.adapters_dir / name
+        if adapter_dir.exists():
+            raise InvalidInputError(
+                f"an adapter named '{name}' already exists at {adapter_dir}; pick another output_name"
+            )
+        # the dataset is validated again and snapshotted, so the job trains on what was checked
+        roots = self.settings.allowed_roots
+        _fmt, rows = planner.data.load(Path(plan.dataset.path), lambda p: open_inside(p, roots, what="dataset"))
+        random.Random(req.seed).shuffle(rows)
+        n_eval = plan.dataset.eval_rows
+        job_dir = self.store.job_dir(job_id)
+        job_dir.mkdir(parents=True)
+        _write_jsonl(job_dir / "train.jsonl", rows[n_eval:])
+        if n_eval:
+            _write_jsonl(job_dir / "eval.jsonl", rows[:n_eval])
+        config = {
+            "job_id": job_id,
+            "store_root": str(self.root),
+            "plan_id": plan_id,
+            "request": req.model_dump(mode="json"),
+            "base": plan.base.model_dump(mode="json"),
+            "per_device_train_batch_size": plan.per_device_train_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "gradient_checkpointing": plan.gradient_checkpointing,
+            "total_steps": plan.total_steps,
+            "adapter_dir": str(adapter_dir),
+            "inject_oom": inject_oom,
+            "resume": False,
+        }
+        (job_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        self.store.create(job_id, name, plan.base.name, req.method)
+        self._spawn(job_id)
+        return self.status(job_id)
+
+    def _spawn(self, job_id: str) -> None:
+        job_dir = self.store.job_dir(job_id)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        with (job_dir / "log.txt").open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpubox.tools.finetune.worker", str(job_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=job_dir,
+                env=env,
+                start_new_session=True,  # its own process group: survives the server, cancel signals the group
+            )
+        self._procs[job_id] = proc
+        self.store.set_process(job_id, proc.pid)
+
+    # --- status ---------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        for jid, p in list(self._procs.items()):
+            if p.poll() is not None:
+                del self._procs[jid]
+
+    def row(self, job_id: str) -> dict[str, Any]:
+        self._reap()
+        row = self.store.reconcile(job_id)
+        if row is None:
+            raise NotFoundError(f"no fine-tuning job '{job_id}'; finetune_list shows the jobs")
+        return row
+
+    def status(self, job_id: str, include_log: bool = False) -> JobStatus:
+        row = self.row(job_id)
+        job_dir = self.store.job_dir(job_id)
+        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
+        metrics = read_metrics(job_dir)
+        st = JobStatus(
+            job_id=job_id,
+            state=row["state"],
+            adapter_name=row["adapter_name"],
+            base_model=row["base_model"],
+            method=row["method"],
+            created=row["created"],
+            total_steps=cfg["total_steps"],
+            per_device_train_batch_size=cfg["per_device_train_batch_size"],
+            gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
+            error=row["error"],
+        )
+        smoothed = None
+        started = None
+        for m in metrics:
+            if "event" in m:
+                st.events.append(m["event"])
+                if m["event"].startswith("training started"):
+                    started = (m.get("t"), _step_of(m["event"]))
+                st.per_device_train_batch_size = m.get("per_device_train_batch_size", st.per_device_train_batch_size)
+                st.gradient_accumulation_steps = m.get("gradient_accumulation_steps", st.gradient_accumulation_steps)
+                continue
+            st.step, st.epoch = m.get("step", st.step), m.get("epoch", st.epoch)
+            st.tokens_per_s = m.get("tokens_per_s") or st.tokens_per_s
+            st.peak_memory_gb = max(st.peak_memory_gb or 0, m.get("peak_memory_gb") or 0) or None
+            if "loss" in m:
+                st.loss = m["loss"]
+                st.first_loss = st.first_loss if st.first_loss is not None else m["loss"]
+                smoothed = m["loss"] if smoothed is None else EMA * smoothed + (1 - EMA) * m["loss"]
+            st.eval_loss = m.get("eval_loss", st.eval_loss)
+            st.learning_rate = m.get("learning_rate", st.learning_rate)
+            if started and started[0] and st.step > started[1]:
+                st.elapsed_s = round(m["t"] - started[0], 1)
+                per_step = st.elapsed_s / (st.step - started[1])
+                st.eta_s = round(per_step * max(0, cfg["total_steps"] - st.step), 1)
+        st.smoothed_loss = round(smoothed, 4) if smoothed is not None else None
+        ckpt = job_dir / "checkpoints"
+        st.checkpoints = sorted((p.name for p in ckpt.glob("checkpoint-*")), key=_step_of) if ckpt.is_dir() else []
+        result = json.loads(row["result"]) if row["result"] else {}
+        if row["state"] == "completed":
+            st.adapter_path = result.get("adapter_path")
+            st.eta_s = 0.0
+            if result.get("peak_memory_gb"):
+                st.peak_memory_gb = result["peak_memory_gb"]
+            if not row["calibrated"] and self.calibrate is not None:
+                self.store.update(job_id, calibrated=1)
+                note = self.calibrate(
+                    {**cfg, **result, "tokens_per_s": st.tokens_per_s, "peak_memory_gb": st.peak_memory_gb}
+                )
+                _append_event(job_dir, note)
+                st.events.append(note)
+        if include_log or row["state"] == "failed":
+            st.log_tail = log_tail(job_dir)
+        st.next_step = _next_step(st)
+        return st
+
+    def list(self) -> JobList:
+        return JobList(jobs=[self.status(jid) for jid in self.store.ids()])
+
+    def curve(self, job_id: str) -> list[tuple[int, float]]:
+        self.row(job_id)
+        return [(m["step"], m["loss"]) for m in read_metrics(self.store.job_dir(job_id)) if "loss" in m]
+
+    # --- control --------------------------------------------------------------------------------
+    def cancel(self, job_id: str, wait_s: float = 60.0) -> JobStatus:
+        """SIGTERM the job's process group; the worker checkpoints at the end of the current step and exits."""
+        row = self.row(job_id)
+        if row["state"] not in ACTIVE:
+            raise InvalidInputError(f"job {job_id} is {row['state']}, not running; nothing to cancel")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(row["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and alive(row["pid"], row["pid_started"]):
+            self._reap()
+            time.sleep(0.5)
+        return self.status(job_id)
+
+    def resume(self, job_id: str) -> JobStatus:
+        row = self.row(job_id)
+        if row["state"] not in ("cancelled", "failed"):
+            raise InvalidInputError(f"job {job_id} is {row['state']}; only cancelled or failed jobs resume")
+        running = self.store.active()
+        if running:
+            raise BusyError(f"job {running[0]['id']} is running; resume {job_id} after it finishes or is cancelled")
+        job_dir = self.store.job_dir(job_id)
+        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
+        cfg.update(resume=True, inject_oom=0)
+        (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        self.store.update(job_id, state="starting", error=None, finished=None)
+        self._spawn(job_id)
+        return self.status(job_id)
+
+    def close(self) -> None:
+        self._reap()  # workers are detached on purpose: they keep training when the server stops
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def _append_event(job_dir: Path, event: str) -> None:
+    from gpubox.tools.finetune.jobs import append_metric
+
+    append_metric(job_dir, {"event": event, "t": time.time()})
+
+
+def _step_of(text: str) -> int:
+    digits = "".join(c if c.isdigit() else " " for c in text).split()
+    return int(digits[-1]) if digits else 0
+
+
+def _next_step(st: JobStatus) -> str:
+    if st.state in ACTIVE:
+        return f"poll with finetune_status job_id='{st.job_id}' wait_seconds=60, or stop with finetune_cancel"
+    if st.state == "completed":
+        return f"infer_load name='{st.adapter_name}', then infer_chat model='{st.adapter_name}'"
+    if st.state == "cancelled":
+        return f"finetune_resume job_id='{st.job_id}' continues from the last checkpoint"
+    return f"read log_tail; fix the cause, then finetune_resume job_id='{st.job_id}' or plan again"
