@@ -115,7 +115,7 @@ class BM25Index:
                 self.postings.setdefault(t, []).append(i)
 
     def search(self, query: str, k: int = 10) -> list[Chunk]:
-        scores: Counter[int] = Counter()
+        scores: dict[int, float] = {}
         for term in set(tokenize(query)):
             idf = self.idf.get(term)
             if idf is None:
@@ -123,5 +123,6 @@ class BM25Index:
             for i in self.postings[term]:
                 f = self.tfs[i][term]
                 norm = K1 * (1 - B + B * self.lengths[i] / self.avgdl)
-                scores[i] += idf * f * (K1 + 1) / (f + norm)
-        return [self.chunks[i] for i, _ in scores.most_common(k)]
+                scores[i] = scores.get(i, 0.0) + idf * f * (K1 + 1) / (f + norm)
+        best = sorted(scores, key=lambda i: (-scores[i], i))[:k]  # ties: earlier chunk first, deterministic
+        return [self.chunks[i] for i in best]
