@@ -21,41 +21,6 @@ async def _train(client: Client, **args: Any) -> dict[str, Any]:
     return result.structured_content
 
 
-async def test_seed_002_a10_mistral_qlora_plans_micro_batch_8_at_about_20_gb(client: Client) -> None:
-    est = await _train(
-        client,
-        model="Mistral-7B-Instruct-v0.3",
-        method="qlora",
-        lora_r=16,
-        lora_target_modules=QKVO,
-        max_length=512,
-        gradient_checkpointing=True,
-        optim="paged_adamw_8bit",
-        gpu="A10",
-        dataset_samples=10_000,
-    )
-    a10 = est["results"][0]
-    assert a10["micro_batch"] == 8
-    assert 19.0 <= a10["memory"]["total_gb"] <= 21.0
-    status = {c["micro_batch"]: c["status"] for c in a10["candidates"]}
-    assert status[8] == "fits" and status[10] == "too_close" and status[12] == "oom"
-    nogc = {c["micro_batch"]: c["status"] for c in a10["without_checkpointing"]}
-    assert nogc[4] == "oom"
-
-
-async def test_seed_002_sequence_1024_drops_to_micro_batch_4(client: Client) -> None:
-    est = await _train(
-        client,
-        model="Mistral-7B",
-        lora_target_modules=QKVO,
-        max_length=1024,
-        gpu="A10",
-        gradient_checkpointing=True,
-        dataset_samples=100,
-    )
-    assert est["results"][0]["micro_batch"] == 4
-
-
 async def test_seed_003_time_formula_holds_and_an_implausible_throughput_is_flagged(client: Client) -> None:
     est = await _train(
         client, model="Mistral-7B", gpu="RTX-4090", dataset_tokens=1_000_000, num_train_epochs=1, tokens_per_s=15

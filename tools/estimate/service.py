@@ -14,6 +14,7 @@ from gpubox.tools.estimate.formats import kv_bytes, normalise_format
 from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model
 from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.schemas import (
+    DeviceProfile,
     GpuCatalog,
     GpuEntry,
     InferenceEstimate,
@@ -365,6 +366,15 @@ class Estimator:
             activation_factor=round(factor, 3) if factor else None,
             note=note,
         )
+
+    def record_device(
+        self, gpu: str, memory_bandwidth_gbs: float | None, tflops: dict[str, float], note: str | None = None
+    ) -> DeviceProfile:
+        """Store a device profile measured on this box (`gpu`: catalog name, local NVML name or 'cpu')."""
+        try:
+            return self.store.record_device(self.device_spec(gpu).id, memory_bandwidth_gbs, tflops, note)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from exc
 
     def close(self) -> None:
         self.store.close()

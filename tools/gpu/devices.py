@@ -1,9 +1,9 @@
 """What the local devices can do, read from NVML (or psutil for the CPU), for planning.
 
 The estimator's catalog knows a few dozen GPUs; NVML knows the one in the box. From NVML we read the name,
-memory, memory bus width and maximum memory clock (-> peak bandwidth), SM count and maximum SM clock
-(-> peak tensor TFLOPS from the per-SM rate of the architecture). `derive_spec` is a pure function of those
-facts so it is tested on published figures without a GPU.
+memory, memory bus width and maximum memory clock (-> peak bandwidth), SM count and rated boost clock
+(-> peak tensor TFLOPS from the per-SM rate of the architecture). `derive_spec` is a pure function of those facts
+so it is tested on published figures without a GPU.
 
 GPUs are matched between NVML and CUDA by UUID / PCI bus id, never by position: NVML numbers GPUs in PCI bus
 order, CUDA numbers the GPUs CUDA_VISIBLE_DEVICES lists, in the order it lists them.
@@ -67,6 +67,11 @@ class NvmlFacts(BaseModel):
     max_memory_clock_mhz: int | None = None
     sm_count: int | None = None
     max_sm_clock_mhz: int | None = None
+    boost_sm_clock_mhz: int | None = Field(
+        None,
+        description="Rated boost clock (customer boost, else default application clock); GeForce max clocks "
+        "run far above the rating (RTX 4090: 3105 MHz max vs 2520 MHz boost)",
+    )
     compute_capability: tuple[int, int] | None = None
     power_limit_w: float | None = None
     cuda_index: int | None = Field(None, description="Index under CUDA_VISIBLE_DEVICES, when CUDA would see it")
@@ -126,11 +131,12 @@ def derive_spec(f: NvmlFacts) -> DerivedSpec:
         bw = round(peak_bandwidth_gbs(f.memory_bus_width_bits, f.max_memory_clock_mhz), 1)
         derived.append("bandwidth_gbs")
     bf16 = fp32 = None
-    if f.compute_capability and f.sm_count and f.max_sm_clock_mhz:
-        t = tensor_tflops(f.compute_capability, f.sm_count, f.max_sm_clock_mhz, f.name)
+    clock = f.boost_sm_clock_mhz or f.max_sm_clock_mhz
+    if f.compute_capability and f.sm_count and clock:
+        t = tensor_tflops(f.compute_capability, f.sm_count, clock, f.name)
         bf16 = round(t, 1) if t is not None else None
         lanes = FP32_LANES_PER_SM.get(f.compute_capability[0], 64)
-        fp32 = round(f.sm_count * lanes * 2 * f.max_sm_clock_mhz * 1e6 / 1e12, 1)
+        fp32 = round(f.sm_count * lanes * 2 * clock * 1e6 / 1e12, 1)
         derived += ["bf16_tflops", "fp32_tflops"] if bf16 is not None else ["fp32_tflops"]
         if bf16 is None:
             bf16 = fp32  # no tensor cores: matrix math at the FP32 rate
@@ -186,6 +192,12 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _boost_clock(nv: Any, h: Any) -> int | None:
+    boost_id = getattr(nv, "NVML_CLOCK_ID_CUSTOMER_BOOST_MAX", None)
+    clock = _try(nv.nvmlDeviceGetClock, h, nv.NVML_CLOCK_SM, boost_id) if boost_id is not None else None
+    return clock or _try(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_SM)
+
+
 def _facts(nv: Any, index: int) -> NvmlFacts:
     h = nv.nvmlDeviceGetHandleByIndex(index)
     mem = nv.nvmlDeviceGetMemoryInfo(h)
@@ -204,6 +216,7 @@ def _facts(nv: Any, index: int) -> NvmlFacts:
         max_memory_clock_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM),
         sm_count=getattr(attrs, "multiprocessorCount", None) if attrs is not None else None,
         max_sm_clock_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
+        boost_sm_clock_mhz=_boost_clock(nv, h),
         compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
         power_limit_w=round(limit / 1000, 1) if limit else None,
     )
