@@ -42,6 +42,10 @@ Hit = tuple[str, int, int]
 
 
 def gpubox_commit() -> str:
+    """HEAD of this checkout, flagged when server/ or tools/ differ from it or gpubox is imported from elsewhere
+    (a snapshot installed with pip --target and put first on PYTHONPATH)."""
+    import gpubox
+
     root = BENCH.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout
@@ -50,6 +54,9 @@ def gpubox_commit() -> str:
         ).stdout
     except OSError:
         return "unknown"
+    where = Path(gpubox.__file__).resolve().parent
+    if where != (root / "server").resolve():
+        return f"{sha.strip()} checked out, but gpubox imported from {where}"
     return sha.strip() + (" (+ uncommitted changes in server/ or tools/)" if dirty.strip() else "")
 
 
@@ -139,11 +146,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def report(split: str, rows: list[dict[str, Any]], specs: list[CorpusSpec], infos: dict[str, Any], secs: float) -> str:
+def report(
+    split: str, rows: list[dict[str, Any]], specs: list[CorpusSpec], infos: dict[str, Any], secs: float, label: str
+) -> str:
     lines = [
         f"# Code search quality ({split} split)",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; gpubox commit {gpubox_commit()}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; gpubox {label}; "
         f"{len(rows)} queries; {os.cpu_count()} CPU cores; {secs:.0f} s in all. "
         "Produced by `bench/search_eval/run_eval.py` (method: bench/search_eval/README.md).",
         "",
@@ -174,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--corpora-dir", type=Path, default=DEFAULT_DEST)
     ap.add_argument("--out", type=Path, help="markdown output (default by split, under bench/results/)")
+    ap.add_argument("--gpubox-label", help="how the report names the gpubox version (default: the git commit)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled MiniLM only; nothing may download weights
 
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, infos = anyio.run(evaluate, corpora, settings, args.index_only, log)
     if args.index_only:
         return 0
-    md = report(args.split, rows, specs, infos, time.monotonic() - t0)
+    md = report(args.split, rows, specs, infos, time.monotonic() - t0, args.gpubox_label or f"commit {gpubox_commit()}")
     out = args.out or RESULTS / ("search_quality.md" if args.split == "test" else f"search_quality_{args.split}.md")
     out.write_text(md)
     (RESULTS / f"search_quality_{args.split}.json").write_text(json.dumps(rows, indent=1) + "\n")
