@@ -53,7 +53,11 @@ def via_mcp(path: Path, reps: int, max_tokens: int, n_ctx: int) -> tuple[list[fl
     models = state / "models"
     models.mkdir()
     os.symlink(path, models / "bench-model.gguf")
-    mcp = build_server(Settings.load(state_dir=state, model_dirs=[models], infer_context_length=n_ctx))
+    # the link points at the model's own folder: allow it as a root (gpubox refuses links that leave the roots)
+    settings = Settings.load(
+        state_dir=state, model_dirs=[models], allowed_roots=[path.resolve().parent], infer_context_length=n_ctx
+    )
+    mcp = build_server(settings)
 
     async def go() -> tuple[list[float], list[float]]:
         pre, dec = [], []

@@ -5,7 +5,7 @@ Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy im
 
 from __future__ import annotations
 
-import json
+import queue
 import re
 import threading
 import time
@@ -15,20 +15,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
+from gpubox.tools.inference.grammar import schema_to_gbnf
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
-# Every llama.cpp call runs on this one thread. llama.cpp's CPU backend uses OpenMP, and libgomp gives each
-# calling thread its own worker team; once there are more team threads than cores it stops spinning and decode
-# drops by ~35% on a 2-core box (measured: 120 -> 75 tok/s). One caller thread keeps one team.
-_LLAMA_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubox-llama")
 T = TypeVar("T")
+STREAM_POLL_S = 1.0  # how often the transformers reader wakes to see whether the generate thread died
+STALL_S = 600.0  # no token for this long: the generate thread is stuck; give the caller an error
 
 
-def on_llama_thread(fn: Callable[..., T], *args: Any) -> T:
-    return _LLAMA_THREAD.submit(fn, *args).result()
+def _free_accelerator_memory() -> None:
+    """Return cached CUDA blocks to the driver so the next fit plan (NVML free memory) sees them."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -76,8 +84,20 @@ class LlamaBackend:
         lora_path: Path | None = None,
     ) -> None:
         require("llama_cpp", "llama", "The llama.cpp backend")
-        self.llm = on_llama_thread(self._load, path, n_ctx, n_gpu_layers, kv_cache_type, n_threads, lora_path)
+        # Every call into this model runs on its own single thread. llama.cpp's CPU backend uses OpenMP, and
+        # libgomp gives each calling thread its own worker team; once there are more team threads than cores it
+        # stops spinning and decode drops by ~35% on a 2-core box (measured: 120 -> 75 tok/s). One caller
+        # thread per model keeps one team, and a second model loading on its own thread never waits for this one.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpubox-llama-{path.stem[:24]}")
+        try:
+            self.llm = self._call(self._load, path, n_ctx, n_gpu_layers, kv_cache_type, n_threads, lora_path)
+        except BaseException:
+            self._thread.shutdown(wait=False)
+            raise
         self.n_ctx = n_ctx
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return self._thread.submit(fn, *args).result()
 
     @staticmethod
     def _load(
@@ -99,8 +119,11 @@ class LlamaBackend:
             verbose=False,
         )
 
-    def count(self, text: str) -> int:
+    def _count(self, text: str) -> int:
         return len(self.llm.tokenize(text.encode(), add_bos=True, special=True))
+
+    def count(self, text: str) -> int:
+        return self._call(self._count, text)
 
     def generate(
         self,
@@ -110,7 +133,9 @@ class LlamaBackend:
         on_text: Callable[[str], None],
         cancel: threading.Event,
     ) -> GenOutput:
-        return on_llama_thread(self._generate, messages, prompt, p, on_text, cancel)
+        # the schema check and grammar conversion are pure Python: done here, before llama.cpp sees anything
+        grammar = schema_to_gbnf(p.json_schema) if p.json_schema is not None else None
+        return self._call(self._generate, messages, prompt, p, on_text, cancel, grammar)
 
     def _generate(
         self,
@@ -119,11 +144,12 @@ class LlamaBackend:
         p: GenParams,
         on_text: Callable[[str], None],
         cancel: threading.Event,
+        grammar: str | None,
     ) -> GenOutput:
         import llama_cpp
 
         if prompt is not None:
-            n_prompt = self.count(prompt)
+            n_prompt = self._count(prompt)
             if n_prompt + p.max_tokens > self.n_ctx:
                 raise context_error(n_prompt, p.max_tokens, self.n_ctx)
         kwargs: dict[str, Any] = {
@@ -136,11 +162,8 @@ class LlamaBackend:
             "seed": p.seed,
             "stream": True,
         }
-        if p.json_schema is not None:
-            try:
-                kwargs["grammar"] = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(p.json_schema), verbose=False)
-            except Exception as exc:
-                raise InvalidInputError(f"json_schema could not be turned into a grammar: {exc}") from exc
+        if grammar is not None:
+            kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
         llama_cpp.llama_perf_context_reset(self.llm.ctx)
         t0 = time.perf_counter()
         first: float | None = None
@@ -185,7 +208,11 @@ class LlamaBackend:
         )
 
     def close(self) -> None:
-        on_llama_thread(self.llm.close)
+        try:
+            self._call(self.llm.close)
+        finally:
+            self._thread.shutdown(wait=False)
+        _free_accelerator_memory()
 
 
 class TransformersBackend:
@@ -269,7 +296,9 @@ class TransformersBackend:
 
         if p.seed is not None:
             torch.manual_seed(p.seed)
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        streamer = TextIteratorStreamer(
+            self.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=STREAM_POLL_S
+        )
         gen_kwargs: dict[str, Any] = {
             **inputs,
             "max_new_tokens": p.max_tokens,
@@ -286,21 +315,42 @@ class TransformersBackend:
         out: dict[str, Any] = {}
 
         def run() -> None:
-            with torch.inference_mode():
-                out["ids"] = self.model.generate(**gen_kwargs)
+            try:
+                with torch.inference_mode():
+                    out["ids"] = self.model.generate(**gen_kwargs)
+            except BaseException as exc:  # handed to the caller below; the streamer must still end
+                out["err"] = exc
+                streamer.end()
 
         t0 = time.perf_counter()
-        worker = threading.Thread(target=run, daemon=True)
+        worker = threading.Thread(target=run, name="gpubox-hf-generate", daemon=True)
         worker.start()
         first: float | None = None
         parts: list[str] = []
-        for piece in streamer:
+        last = time.perf_counter()
+        while True:
+            try:
+                piece = next(streamer)
+            except StopIteration:
+                break
+            except queue.Empty:  # no token within STREAM_POLL_S: is the generate thread still there?
+                if not worker.is_alive():
+                    break
+                if time.perf_counter() - last > STALL_S:
+                    cancel.set()
+                    raise GpuboxError(
+                        f"transformers produced no token for {STALL_S:.0f} s; generation stopped"
+                    ) from None
+                continue
+            last = time.perf_counter()
             if piece:
                 if first is None:
                     first = time.perf_counter()
                 parts.append(piece)
                 on_text(piece)
         worker.join()
+        if "err" in out:
+            raise _generate_error(out["err"])
         total = time.perf_counter() - t0
         n_new = int(out["ids"].shape[1]) - n_prompt if "ids" in out else 0
         text_out = "".join(parts)
@@ -321,7 +371,19 @@ class TransformersBackend:
         )
 
     def close(self) -> None:
-        del self.model
-        import gc
+        self.model = None
+        _free_accelerator_memory()
 
-        gc.collect()
+
+def _generate_error(exc: BaseException) -> Exception:
+    """The generate thread's exception as an error the caller can act on (out of memory named as such)."""
+    name = type(exc).__name__
+    if isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower():
+        _free_accelerator_memory()
+        return CapacityError(
+            f"out of memory while generating ({name}: {exc}); lower max_tokens, reload with a smaller "
+            "context_length or 4bit quantization, or unload other models"
+        )
+    if isinstance(exc, GpuboxError):
+        return exc
+    return GpuboxError(f"transformers generation failed: {name}: {exc}")

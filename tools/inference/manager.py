@@ -1,5 +1,13 @@
 """Resident models: load with the estimator's fit plan, LRU eviction, memory budget, keep-alive, one request
-at a time per model."""
+at a time per model.
+
+Concurrency rules (one client's work must never stall another's):
+- `_lock` guards only the bookkeeping (`resident`, `_loading`, busy counts) and is held for microseconds,
+  never across a load, a close or file I/O; so status, listing and generation on other models never wait.
+- A load marks its key in `_loading`; a second load or acquire of the same key waits for that one only.
+- A model is closed only once it left `resident` (under the lock) with `busy == 0`: the reaper and LRU
+  eviction skip busy models, and `unload` waits for the running requests to finish before closing.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +19,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-import psutil
-
-from gpubox.errors import CapacityError, InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.errors import CapacityError, GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.paths import open_inside
 from gpubox.settings import Settings
-from gpubox.tools.estimate import inference as est_inf
-from gpubox.tools.estimate.catalog import package_catalog
-from gpubox.tools.estimate.modelinfo import read_gguf
-from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.backends import LlamaBackend, TransformersBackend
-from gpubox.tools.inference.registry import DEFAULT_MODEL, Discovered, discover, size_of
+from gpubox.tools.inference.planning import plan
+from gpubox.tools.inference.registry import (
+    DEFAULT_MODEL,
+    Discovered,
+    MetaCache,
+    discover,
+    inside_roots,
+    is_hf_folder,
+    size_of,
+)
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
@@ -48,7 +60,7 @@ class Resident:
         return LoadedInfo(
             backend=self.backend.name,
             device=self.plan.device,
-            n_gpu_layers=self.plan.n_gpu_layers,  # type: ignore[arg-type]
+            n_gpu_layers=self.plan.n_gpu_layers,
             context_length=self.plan.context_length,
             memory_gb=self.plan.estimated_memory_gb,
             loaded_at=iso(self.loaded_at),
@@ -61,44 +73,58 @@ class Resident:
 class ModelManager:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.dirs = [*settings.model_dirs, settings.state_dir / "models"]
+        self.finetune = settings.state_dir / "finetune"
+        self.dirs = [*settings.model_dirs, settings.state_dir / "models", self.finetune / "adapters"]
+        self.meta = MetaCache()
         self.resident: dict[str, Resident] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a request finished or a load ended
+        self._loading: dict[str, float] = {}  # key -> GB reserved while its backend is being built
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="gpubox-keepalive", daemon=True)
         self._reaper.start()
 
     # --- registry -------------------------------------------------------------------------------
+    def roots(self) -> list[Path]:
+        """Where model files may live: the model dirs, the allowed roots, gpubox's own state dir and the bundled
+        package. A symlink in a model dir may point into any of them, nowhere else."""
+        from gpubox.bundled import smollm2_gguf
+
+        bundled = smollm2_gguf()
+        s = self.settings
+        return [*s.model_dirs, *s.allowed_roots, s.state_dir, *([bundled.parent] if bundled else [])]
+
     def discovered(self) -> dict[str, Discovered]:
-        return discover(self.dirs)
+        return discover(self.dirs, self.roots())
 
     def entry(self, d: Discovered) -> ModelEntry:
-        arch = params = quant = ctx = None
+        arch = params = quant = ctx = problem = None
         template = False
-        if d.format == "gguf":
-            try:
-                rm = read_gguf(d.path)
+        try:
+            if d.format == "gguf":
+                rm = self.meta.gguf(d.path)
                 arch, params, quant, ctx = rm.shape.source, rm.shape.params(), rm.weight_format, rm.shape.max_context
                 template = rm.chat_template
-            except Exception as exc:  # a broken file is listed, not fatal
-                log.warning("cannot read %s: %s", d.path, exc)
-        elif d.format == "hf":
-            import json
-
-            cfg = json.loads((d.path / "config.json").read_text())
-            arch = (cfg.get("architectures") or [cfg.get("model_type")])[0]
-            ctx = cfg.get("max_position_embeddings")
-            quant = (cfg.get("quantization_config") or {}).get("quant_method") or str(cfg.get("torch_dtype", ""))
-            template = (d.path / "chat_template.jinja").is_file() or "chat_template" in (
-                (d.path / "tokenizer_config.json").read_text() if (d.path / "tokenizer_config.json").is_file() else ""
-            )
+            elif d.format == "hf":
+                cfg = self.meta.json_file(d.path / "config.json")
+                arch = str((cfg.get("architectures") or [cfg.get("model_type")])[0])
+                mp = cfg.get("max_position_embeddings")
+                ctx = mp if isinstance(mp, int) else None
+                qc = cfg.get("quantization_config")
+                quant = (qc.get("quant_method") if isinstance(qc, dict) else None) or str(cfg.get("torch_dtype", ""))
+                tok = d.path / "tokenizer_config.json"
+                template = (d.path / "chat_template.jinja").is_file() or (
+                    tok.is_file() and "chat_template" in self.meta.json_file(tok)
+                )
+        except (GpuboxError, OSError, LookupError, TypeError, ValueError) as exc:  # listed with the reason, not fatal
+            problem = str(exc)
         r = self.resident.get(d.name)
         return ModelEntry(
             name=d.name,
             path=str(d.path),
             format=d.format,
             architecture=arch,
-            params=params,  # type: ignore[arg-type]
+            params=params,
             quantization=quant,
             context_length=ctx,
             size_bytes=size_of(d),
@@ -106,6 +132,7 @@ class ModelManager:
             base_model=d.base_model,
             bundled=d.bundled,
             loaded=r.info() if r else None,
+            problem=problem,
         )
 
     def list(self) -> ModelList:
@@ -116,6 +143,8 @@ class ModelManager:
         )
 
     def find(self, name: str) -> Discovered:
+        if "\x00" in name:
+            raise InvalidInputError("model name contains a NUL byte; pass a name from infer_models")
         found = self.discovered()
         if name.lower() in found:
             return found[name.lower()]
@@ -123,87 +152,25 @@ class ModelManager:
             "model", name, found.keys(), hint="infer_models lists them; add folders with GPUBOX_MODEL_DIRS."
         )
 
-    # --- planning -------------------------------------------------------------------------------
-    def plan(
-        self, d: Discovered, backend: str, context_length: int | None, n_gpu_layers: int | None, kv_cache_type: str
-    ) -> LoadPlan:
-        status = gpu_status()
-        free = status.gpus[0].memory_free_mib * 2**20 / 1e9 if status.gpus else None
-        if d.format != "gguf":
-            import json
-
-            cfg = json.loads((d.path / "config.json").read_text())
-            ctx = min(context_length or self.settings.infer_context_length, cfg.get("max_position_embeddings") or 10**9)
-            size = size_of(d) / 1e9
-            device = "cuda" if free is not None else "cpu"
-            return LoadPlan(
-                backend="transformers",
-                device=device,
-                n_gpu_layers=-1 if free else 0,
-                context_length=ctx,
-                kv_cache_type="f16",
-                free_vram_gb=free,
-                estimated_memory_gb=round(size * 1.2, 3),
-                fits=free is None or size * 1.2 <= free,
-                reason="transformers loads all weights on "
-                + ("the GPU (device_map=auto spills to CPU)" if free else "the CPU"),
-            )
-        rm = read_gguf(d.path)
-        shape = rm.shape
-        ctx = min(context_length or self.settings.infer_context_length, shape.max_context)
-        wp = est_inf.weight_plan(shape, rm.weight_format or "f16", rm.weight_bytes)
-        mem = est_inf.memory(shape, wp, kv_cache_type, ctx, 1)
-        if backend == "transformers":
-            return LoadPlan(
-                backend="transformers",
-                device="cuda" if free else "cpu",
-                n_gpu_layers=-1 if free else 0,
-                context_length=ctx,
-                kv_cache_type="f16",
-                free_vram_gb=free,
-                estimated_memory_gb=round(shape.params() * 4 / 1e9, 3),
-                fits=True,
-                reason="GGUF dequantised to fp32/bf16 by transformers",
-            )
-        if free is None:
-            ram = psutil.virtual_memory().available / 1e9
-            if mem.total_gb - est_inf.RUNTIME_OVERHEAD_GB > ram:
-                raise CapacityError(
-                    f"{d.name} needs about {mem.total_gb:.1f} GB at context {ctx}, but only {ram:.1f} GB of RAM is "
-                    "free and there is no GPU; pass a smaller context_length or a smaller quantisation"
-                )
-            return LoadPlan(
-                backend="llama.cpp",
-                device="cpu",
-                n_gpu_layers=0,
-                context_length=ctx,
-                kv_cache_type=kv_cache_type,
-                free_vram_gb=None,
-                estimated_memory_gb=mem.total_gb,
-                fits=True,
-                reason="no GPU visible to NVML: running on the CPU",
-            )
-        gpu = package_catalog().gpu(status.gpus[0].name)
-        fit = est_inf.estimate_on_gpu(
-            shape, wp, gpu, context=ctx, batch=1, kv_type=kv_cache_type, catalog=package_catalog(), available_gb=free
-        )
-        layers = fit.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
-        if n_gpu_layers is None and layers == 0:
-            raise CapacityError(
-                f"{d.name} does not fit even partly in the {free:.1f} GB free on {gpu.id} at context {ctx} "
-                f"(needs {mem.total_gb:.1f} GB); free GPU memory (infer_unload), lower context_length, or pass "
-                "n_gpu_layers=0 to run on the CPU"
-            )
-        return LoadPlan(
-            backend="llama.cpp",
-            device="cuda" if layers >= shape.layers else f"cuda ({layers}/{shape.layers} layers)",
-            n_gpu_layers=-1 if layers >= shape.layers else layers,
-            context_length=ctx,
-            kv_cache_type=kv_cache_type,
-            free_vram_gb=round(free, 3),
-            estimated_memory_gb=mem.total_gb,
-            fits=fit.fits,
-            reason=f"estimator fit on {free:.1f} GB free ({gpu.id}): margin {fit.margin_gb:.2f} GB",
+    def _base_of(self, adapter: Discovered) -> Discovered:
+        base = adapter.base_model or ""
+        found = self.discovered()
+        if base.startswith("/") and "\x00" not in base:
+            p = Path(base)
+            # fine-tuning keeps its base models in gpubox's own state dir, outside the model dirs
+            own = (self.finetune / "base").resolve()
+            resolved = p.resolve()
+            if resolved.is_relative_to(own) and is_hf_folder(resolved):
+                return Discovered(resolved.name.lower(), resolved, "hf")
+            for d in found.values():
+                if d.format != "lora" and d.path.resolve() == resolved:
+                    return d
+        for cand in (base.rstrip("/").split("/")[-1].lower(), Path(base).name.lower()):
+            if cand in found and found[cand].format != "lora":
+                return found[cand]
+        raise NotFoundError(
+            f"adapter {adapter.name} was trained on '{base}', which is not among the models here; "
+            "put the base model in a model dir"
         )
 
     # --- load / unload --------------------------------------------------------------------------
@@ -218,6 +185,26 @@ class ModelManager:
         adapter: str | None = None,
         keep_alive_s: float | None = None,
     ) -> LoadResult:
+        """Load (or reload, with the new settings) `name`."""
+        res = self._load(
+            name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s
+        )
+        assert res is not None  # only if_absent loads return None
+        return res
+
+    def _load(
+        self,
+        name: str,
+        backend: Literal["auto", "llama.cpp", "transformers"] = "auto",
+        context_length: int | None = None,
+        n_gpu_layers: int | None = None,
+        kv_cache_type: str = "f16",
+        quantization: Literal["4bit", "8bit"] | None = None,
+        adapter: str | None = None,
+        keep_alive_s: float | None = None,
+        *,
+        if_absent: bool = False,
+    ) -> LoadResult | None:
         t0 = time.perf_counter()
         d = self.find(name)
         adapter_d: Discovered | None = None
@@ -233,107 +220,153 @@ class ModelManager:
         if chosen == "llama.cpp" and d.format != "gguf":
             raise InvalidInputError(f"{d.name} is an HF folder; llama.cpp needs a GGUF file (use backend=transformers)")
         key = adapter_d.name if adapter_d else d.name
-        with self._lock:
-            if key in self.resident:
-                self.unload(key)
-            plan = self.plan(d, chosen, context_length, n_gpu_layers, kv_cache_type)
-            evicted = self._make_room(plan.estimated_memory_gb)
+        with self._changed:
+            while key in self._loading:  # one load per key; other keys load in parallel
+                self._changed.wait()
+            if if_absent and key in self.resident:
+                return None
+            self._loading[key] = 0.0
+        try:
+            self.unload(key, missing_ok=True)
+            self._check_files(d, adapter_d)
+            p = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
+            evicted = self._make_room(key, p.estimated_memory_gb)
+            be = self._open(d, adapter_d, chosen, p, kv_cache_type, quantization)
+            keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
+            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None)
+            with self._lock:
+                self.resident[key] = r
+        finally:
+            with self._changed:
+                self._loading.pop(key, None)
+                self._changed.notify_all()
+        entry = self.entry(adapter_d or d)
+        return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+
+    def _check_files(self, d: Discovered, adapter_d: Discovered | None) -> None:
+        """Re-resolve right before opening: refuse what left the roots; name the file and problem if broken."""
+        roots = self.roots()
+        if d.format == "gguf":
+            with open_inside(inside_roots(d.path, roots), roots, what="model file") as fh:
+                magic = fh.read(4)
+            if magic != b"GGUF":
+                raise InvalidInputError(f"{d.path} is not a GGUF file (it does not start with 'GGUF')")
+        else:
+            inside_roots(d.path, roots, what="model folder")
+            self.meta.json_file(d.path / "config.json")
+        if adapter_d is not None:
+            inside_roots(adapter_d.path, roots, what="adapter folder")
+            self.meta.json_file(adapter_d.path / "adapter_config.json")
+
+    def _open(
+        self,
+        d: Discovered,
+        adapter_d: Discovered | None,
+        chosen: str,
+        p: LoadPlan,
+        kv_cache_type: str,
+        quantization: Literal["4bit", "8bit"] | None,
+    ) -> Backend:
+        import psutil
+
+        try:
             if chosen == "llama.cpp":
                 lora = adapter_d.path / "adapter.gguf" if adapter_d else None
-                be: Backend = LlamaBackend(
-                    d.path,
-                    plan.context_length,
-                    plan.n_gpu_layers,
-                    kv_cache_type,
-                    # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
-                    self.settings.infer_threads or psutil.cpu_count(logical=False) or 1,
-                    lora,
-                )
-            else:
-                be = TransformersBackend(
-                    d.path, quantization, adapter_d.path if adapter_d else None, plan.context_length
-                )
-            keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
-            self.resident[key] = Resident(key, adapter_d or d, be, plan, keep, adapter_d.name if adapter_d else None)
-            entry = self.entry(adapter_d or d)
-        return LoadResult(model=entry, plan=plan, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+                # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
+                threads = self.settings.infer_threads or psutil.cpu_count(logical=False) or 1
+                return LlamaBackend(d.path, p.context_length, p.n_gpu_layers, kv_cache_type, threads, lora)
+            return TransformersBackend(d.path, quantization, adapter_d.path if adapter_d else None, p.context_length)
+        except GpuboxError:
+            raise
+        except MemoryError as exc:
+            raise CapacityError(f"out of memory loading {d.name}; unload other models or pick a smaller one") from exc
+        except Exception as exc:  # a broken or unsupported file: name it and the problem, not a traceback
+            what = f"{d.path}" + (f" with adapter {adapter_d.path}" if adapter_d else "")
+            raise InvalidInputError(f"{what} could not be loaded by {chosen}: {type(exc).__name__}: {exc}") from exc
 
-    def _base_of(self, adapter: Discovered) -> Discovered:
-        base = (adapter.base_model or "").rstrip("/").split("/")[-1].lower()
-        found = self.discovered()
-        for cand in (base, Path(adapter.base_model or "").name.lower()):
-            if cand in found and found[cand].format != "lora":
-                return found[cand]
-        raise NotFoundError(
-            f"adapter {adapter.name} was trained on '{adapter.base_model}', which is not among the models here; "
-            "put the base model in a model dir"
-        )
-
-    def _make_room(self, need_gb: float) -> list[str]:
-        evicted: list[str] = []
+    def _make_room(self, key: str, need_gb: float) -> list[str]:
         budget = self.settings.infer_memory_budget_gb
         if budget is not None and need_gb > budget:
             raise CapacityError(
                 f"the model needs ~{need_gb:.1f} GB, above the {budget} GB budget (infer_memory_budget_gb)"
             )
-
-        def over() -> bool:
-            used = sum(r.plan.estimated_memory_gb for r in self.resident.values())
-            return len(self.resident) >= self.settings.infer_max_resident or (
-                budget is not None and used + need_gb > budget
-            )
-
-        while self.resident and over():
-            idle = sorted((r for r in self.resident.values() if r.busy == 0), key=lambda r: r.last_used)
-            if not idle:
-                raise CapacityError("every resident model is generating; retry when one finishes")
-            self.unload(idle[0].name)
-            evicted.append(idle[0].name)
-        return evicted
-
-    def unload(self, name: str) -> UnloadResult:
+        victims: list[Resident] = []
         with self._lock:
-            r = self.resident.pop(name.lower(), None)
+            others = {k: gb for k, gb in self._loading.items() if k != key}
+
+            def over() -> bool:
+                used = sum(r.plan.estimated_memory_gb for r in self.resident.values()) + sum(others.values())
+                count = len(self.resident) + len(others)
+                return count >= self.settings.infer_max_resident or (budget is not None and used + need_gb > budget)
+
+            while over():
+                idle = sorted((r for r in self.resident.values() if r.busy == 0), key=lambda r: r.last_used)
+                if not idle:
+                    raise CapacityError("every resident model is generating or loading; retry when one finishes")
+                victims.append(self.resident.pop(idle[0].name))
+            self._loading[key] = need_gb
+        for r in victims:  # popped while idle, so no request can reach them: close outside the lock
+            self._close(r)
+        return [r.name for r in victims]
+
+    def unload(self, name: str, *, missing_ok: bool = False) -> UnloadResult:
+        key = name.lower()
+        with self._changed:
+            r = self.resident.pop(key, None)
+            while r is not None and r.busy > 0:  # new requests cannot find it; wait for the running ones
+                self._changed.wait()
         if r is None:
-            if name.lower() not in self.discovered():
+            if not missing_ok and key not in self.discovered():
                 raise UnknownNameError("model", name, self.discovered().keys())
             return UnloadResult(name=name, unloaded=False)
-        with r.lock:  # wait for a running request to finish
-            r.backend.close()
+        self._close(r)
         return UnloadResult(name=name, unloaded=True)
+
+    def _close(self, r: Resident) -> None:
+        try:
+            r.backend.close()
+        except Exception:  # the model is gone from the registry either way
+            log.exception("closing %s", r.name)
 
     def acquire(self, name: str | None) -> Resident:
         """The model to run: the named one (loading it if needed), else the most recently used, else the default."""
-        with self._lock:
-            if name is None:
-                recent = max(self.resident.values(), key=lambda r: r.last_used) if self.resident else None
-                name = recent.name if recent else DEFAULT_MODEL
-            key = name.lower()
-            if key not in self.resident:
-                self.load(key)
-            r = self.resident[key]
-            r.busy += 1
-            r.last_used = time.time()
-            return r
+        for _ in range(3):  # a fresh load can be reaped or evicted before we mark it busy: retry
+            with self._changed:
+                if name is None:
+                    recent = max(self.resident.values(), key=lambda r: r.last_used) if self.resident else None
+                    name = recent.name if recent else DEFAULT_MODEL
+                key = name.lower()
+                while key in self._loading:
+                    self._changed.wait()
+                r = self.resident.get(key)
+                if r is not None:
+                    r.busy += 1
+                    r.last_used = time.time()
+                    return r
+            self._load(key, if_absent=True)
+        raise CapacityError(f"{name} was unloaded again right after loading; raise infer_max_resident or retry")
 
     def release(self, r: Resident) -> None:
-        with self._lock:
+        with self._changed:
             r.busy -= 1
             r.last_used = time.time()
+            self._changed.notify_all()
 
     # --- keep-alive -----------------------------------------------------------------------------
     def reap(self, now: float | None = None) -> list[str]:
         now = now or time.time()
-        with self._lock:
+        with self._lock:  # choose and remove in one step, so an acquire cannot slip in between
             idle = [
-                r.name
+                r
                 for r in self.resident.values()
                 if r.keep_alive > 0 and r.busy == 0 and now - r.last_used >= r.keep_alive
             ]
-        for name in idle:
-            log.info("unloading %s after %.0f s idle", name, self.resident[name].keep_alive)
-            self.unload(name)
-        return idle
+            for r in idle:
+                del self.resident[r.name]
+        for r in idle:
+            log.info("unloading %s after %.0f s idle", r.name, r.keep_alive)
+            self._close(r)
+        return [r.name for r in idle]
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(0.5):
@@ -345,4 +378,4 @@ class ModelManager:
     def close(self) -> None:
         self._stop.set()
         for name in list(self.resident):
-            self.unload(name)
+            self.unload(name, missing_ok=True)

@@ -1,14 +1,25 @@
-"""What can be run: the bundled SmolLM2 GGUF, GGUF files, HF model folders and LoRA adapters in the model dirs."""
+"""What can be run: the bundled SmolLM2 GGUF, GGUF files, HF model folders and LoRA adapters in the model dirs
+(and the adapters fine-tuning writes under the state dir).
+
+Metadata is cached per file path, keyed by (mtime, size): reading a GGUF header of a multi-GB file costs
+seconds, and infer_models is called often. A changed file has a new key and is read again.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from gpubox.bundled import smollm2_gguf
+from gpubox.errors import InvalidInputError, NotFoundError, PathNotAllowedError
+from gpubox.paths import resolve_inside
+from gpubox.tools.estimate.modelinfo import ResolvedModel, read_gguf
 
 log = logging.getLogger("gpubox.inference")
 
@@ -19,6 +30,7 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 DEFAULT_MODEL = "smollm2-135m-instruct"
+T = TypeVar("T")
 
 
 @dataclass
@@ -30,33 +42,108 @@ class Discovered:
     base_model: str | None = None
 
 
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def is_hf_folder(p: Path) -> bool:
+    return (p / "config.json").is_file() and any((p / w).exists() for w in WEIGHT_FILES)
 
 
-def discover(model_dirs: list[Path]) -> dict[str, Discovered]:
+def inside_roots(path: Path, roots: Sequence[Path], what: str = "model") -> Path:
+    """`path` resolved, refused when it (or a symlink on the way) leaves the roots; the message never says
+    where a symlink points or whether something outside exists."""
+    try:
+        return resolve_inside(path, roots, what=what)
+    except PathNotAllowedError:
+        raise PathNotAllowedError(
+            f"{what} {path} resolves outside the model directories; symlinks that leave them are refused"
+        ) from None
+    except NotFoundError:
+        raise NotFoundError(f"{what} {path} no longer exists; call infer_models to refresh the list") from None
+
+
+def discover(model_dirs: Sequence[Path], roots: Sequence[Path] | None = None) -> dict[str, Discovered]:
     found: dict[str, Discovered] = {}
     bundled = smollm2_gguf()
     if bundled is not None:
         found[DEFAULT_MODEL] = Discovered(DEFAULT_MODEL, bundled, "gguf", bundled=True)
+    roots = [Path(r).resolve() for r in (roots if roots is not None else model_dirs)]
     for base in model_dirs:
         if not base.is_dir():
             continue
         for p in sorted(base.rglob("*")):
-            if p.is_file() and p.suffix == ".gguf" and "mmproj" not in p.name:
-                found.setdefault(p.stem.lower(), Discovered(p.stem.lower(), p, "gguf"))
-            elif p.is_dir() and (p / "adapter_config.json").is_file():
-                try:
-                    base_model = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path")
-                except (OSError, json.JSONDecodeError):
-                    base_model = None
-                found.setdefault(p.name.lower(), Discovered(p.name.lower(), p, "lora", base_model=base_model))
-            elif p.is_dir() and (p / "config.json").is_file() and any((p / w).exists() for w in WEIGHT_FILES):
-                found.setdefault(p.name.lower(), Discovered(p.name.lower(), p, "hf"))
+            try:
+                if p.is_symlink() and not any(p.resolve().is_relative_to(r) for r in roots):
+                    log.warning("skipping %s: a symlink that leaves the model directories", p)
+                    continue
+                if p.is_file() and p.suffix == ".gguf" and "mmproj" not in p.name:
+                    found.setdefault(p.stem.lower(), Discovered(p.stem.lower(), p, "gguf"))
+                elif p.is_dir() and (p / "adapter_config.json").is_file():
+                    try:
+                        cfg = json.loads((p / "adapter_config.json").read_text())
+                        base_model = cfg.get("base_model_name_or_path") if isinstance(cfg, dict) else None
+                    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                        base_model = None
+                    found.setdefault(p.name.lower(), Discovered(p.name.lower(), p, "lora", base_model=base_model))
+                elif p.is_dir() and is_hf_folder(p):
+                    found.setdefault(p.name.lower(), Discovered(p.name.lower(), p, "hf"))
+            except (OSError, RuntimeError, ValueError) as exc:  # an unreadable entry or symlink loop: skip it
+                log.warning("skipping %s: %s", p, exc)
     return found
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+class MetaCache:
+    """Per-path metadata, re-read only when the file's (mtime, size) changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[tuple[str, Path], tuple[tuple[int, int], Any]] = {}
+
+    def _get(self, kind: str, path: Path, stamp: tuple[int, int], read: Callable[[], T]) -> T:
+        with self._lock:
+            hit = self._data.get((kind, path))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = read()  # outside the lock: a slow header read must not stall other lookups
+        with self._lock:
+            self._data[(kind, path)] = (stamp, value)
+        return value
+
+    def gguf(self, path: Path) -> ResolvedModel:
+        return self._get("gguf", path, _stamp(path), lambda: read_gguf(path))
+
+    def json_file(self, path: Path) -> dict[str, Any]:
+        """A JSON object file (config.json, adapter_config.json); a broken one is an InvalidInputError naming it."""
+
+        def read() -> dict[str, Any]:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise InvalidInputError(f"{path} is not valid JSON ({exc}); fix or remove the file") from None
+            if not isinstance(data, dict):
+                raise InvalidInputError(f"{path} must hold a JSON object, not {type(data).__name__}")
+            return data
+
+        try:
+            stamp = _stamp(path)
+        except OSError:
+            raise NotFoundError(f"{path} is missing; the model folder needs it") from None
+        return self._get("json", path, stamp, read)
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                continue
+    return total
+
+
 def size_of(d: Discovered) -> int:
-    return _size(d.path)
+    """Bytes on disk; a folder is walked with stat only (cheap next to a header read, and always current)."""
+    return d.path.stat().st_size if d.path.is_file() else _dir_size(d.path)

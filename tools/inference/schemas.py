@@ -32,6 +32,7 @@ class ModelEntry(BaseModel):
     base_model: str | None = Field(None, description="For LoRA adapters: the base model they apply to")
     bundled: bool = False
     loaded: LoadedInfo | None = None
+    problem: str | None = Field(None, description="Why the metadata could not be read (file named); None when fine")
 
 
 class ModelList(BaseModel):

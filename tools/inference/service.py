@@ -15,6 +15,7 @@ import psutil
 
 from gpubox.errors import InvalidInputError
 from gpubox.tools.inference.backends import GenOutput, GenParams
+from gpubox.tools.inference.grammar import check_schema
 from gpubox.tools.inference.manager import ModelManager, Resident
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
@@ -30,16 +31,33 @@ async def generate(
     params: GenParams,
     report: Progress | None,
 ) -> GenerationResult:
-    """Run one request in a worker thread; stream text as progress; stop the model when the caller cancels."""
-    r: Resident = await anyio.to_thread.run_sync(mgr.acquire, model)
+    """Run one request in a worker thread; stream text as progress; stop the model when the caller cancels.
+
+    Nothing here blocks the event loop: acquiring (maybe loading) the model, generating and releasing it all
+    happen in worker threads. The model is released by whichever side owns it last: the worker thread once
+    generation ends (even after the caller gave up on it), or this coroutine if the worker never started.
+    """
+    if params.json_schema is not None:  # refuse a schema with no valid output before loading anything
+        await anyio.to_thread.run_sync(check_schema, params.json_schema)
+    with anyio.CancelScope(shield=True):  # a cancel must not lose an acquired model (it would stay busy forever)
+        r: Resident = await anyio.to_thread.run_sync(mgr.acquire, model)
     pieces: queue.SimpleQueue[str] = queue.SimpleQueue()
     cancel = threading.Event()
     box: dict[str, Any] = {}
     done = anyio.Event()
+    claim = threading.Lock()
+    owner: list[str] = []  # "worker" once the thread started, "caller" if the caller released first
 
-    def work() -> GenOutput:
-        with r.lock:  # one request at a time per model; other models and tools keep running
-            return r.backend.generate(messages, prompt, params, pieces.put, cancel)
+    def work() -> GenOutput | None:
+        with claim:
+            if owner:
+                return None
+            owner.append("worker")
+        try:
+            with r.lock:  # one request at a time per model; other models and tools keep running
+                return r.backend.generate(messages, prompt, params, pieces.put, cancel)
+        finally:
+            mgr.release(r)
 
     async def runner() -> None:
         try:
@@ -62,7 +80,13 @@ async def generate(
                     await report(float(streamed), float(params.max_tokens), text)
     finally:
         cancel.set()  # a cancelled call stops the model at its next token
-        mgr.release(r)
+        with claim:  # held for an instant only
+            mine = not owner
+            if mine:
+                owner.append("caller")
+        if mine:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(mgr.release, r)
     if "err" in box:
         raise box["err"]
     out: GenOutput = box["out"]
@@ -114,14 +138,19 @@ async def benchmark(
     record: Callable[[Resident, float, float, float], tuple[int, float | None] | None],
     report: Progress | None,
 ) -> BenchmarkResult:
-    r = await anyio.to_thread.run_sync(mgr.acquire, model)
-    try:
-        words = FILLER * (prompt_tokens // 10 + 2)
-        # trim the filler to the requested prompt length in tokens (tokenisers differ)
-        while r.backend.count(words) > prompt_tokens and len(words) > 20:
-            words = words[: int(len(words) * 0.9)]
-    finally:
-        mgr.release(r)
+    def prepare() -> tuple[Resident, str]:
+        r = mgr.acquire(model)
+        try:
+            words = FILLER * (prompt_tokens // 10 + 2)
+            # trim the filler to the requested prompt length in tokens (tokenisers differ)
+            while r.backend.count(words) > prompt_tokens and len(words) > 20:
+                words = words[: int(len(words) * 0.9)]
+            return r, words
+        finally:
+            mgr.release(r)
+
+    with anyio.CancelScope(shield=True):
+        r, words = await anyio.to_thread.run_sync(prepare)
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
     results: list[GenerationResult] = []
     latencies: list[float] = []
@@ -147,15 +176,19 @@ async def benchmark(
     prefill = statistics.mean([x.prefill_tokens_per_s for x in results if x.prefill_tokens_per_s] or [0.0])
     decode = statistics.mean([x.decode_tokens_per_s for x in results if x.decode_tokens_per_s] or [0.0])
     ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
-    peak_gb = peak / 1e9
     share = None
-    if r.plan.device.startswith("cuda"):
-        from gpubox.tools.gpu.nvml import gpu_status
 
-        st = gpu_status()
-        if st.gpus:
-            peak_gb = max(peak_gb, st.gpus[0].memory_used_mib * 2**20 / 1e9)
-    calib = record(r, decode, prefill, peak_gb)
+    def finish() -> tuple[float, tuple[int, float | None] | None]:  # NVML and the calibration store: off the loop
+        peak_gb = peak / 1e9
+        if r.plan.device.startswith("cuda"):
+            from gpubox.tools.gpu.nvml import gpu_status
+
+            st = gpu_status()
+            if st.gpus:
+                peak_gb = max(peak_gb, st.gpus[0].memory_used_mib * 2**20 / 1e9)
+        return peak_gb, record(r, decode, prefill, peak_gb)
+
+    peak_gb, calib = await anyio.to_thread.run_sync(finish)
     if r.plan.device.startswith("cuda") and calib is not None:
         share = calib[1]  # decode efficiency = achieved bytes/s over the GPU's bandwidth
     return BenchmarkResult(

@@ -1,0 +1,224 @@
+"""JSON schema -> GBNF grammar for llama.cpp, checked on both sides before llama.cpp parses it.
+
+llama.cpp's grammar parser crashes the whole process (SIGSEGV) on a rule with an empty body, which
+llama-cpp-python's converter emits for schemas that admit no value (`{"enum": []}`, `{"anyOf": []}`,
+`{"type": []}`). So the schema gets a sanity pass (known types, no empty lists, bounded depth and size, local
+`$ref`s only), and the generated grammar a structural pass (every rule non-empty, no empty alternative, every
+referenced rule defined) before llama.cpp sees either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gpubox.errors import InvalidInputError
+
+TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
+MAX_DEPTH = 32
+MAX_NODES = 5000
+MAX_SCHEMA_CHARS = 64_000
+MAX_REPEAT = 1000  # minItems/maxItems/minLength/maxLength: the converter unrolls repetitions into the grammar
+MAX_GRAMMAR_CHARS = 1_000_000
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
+
+
+def _bad(where: str, problem: str) -> InvalidInputError:
+    return InvalidInputError(f"json_schema at {where or '(root)'} {problem}; fix that part of the schema")
+
+
+def check_schema(schema: Any) -> None:
+    """Raise InvalidInputError naming the first part of `schema` that admits no output or is out of bounds."""
+    if not isinstance(schema, dict):
+        raise _bad("", "must be a JSON object")
+    try:
+        size = len(json.dumps(schema))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"json_schema is not plain JSON: {exc}") from None
+    if size > MAX_SCHEMA_CHARS:
+        raise InvalidInputError(f"json_schema is {size} characters; the limit is {MAX_SCHEMA_CHARS}")
+    nodes = [0]
+    _walk(schema, schema, "", 0, nodes)
+
+
+def _walk(node: Any, root: dict[str, Any], where: str, depth: int, nodes: list[int]) -> None:
+    nodes[0] += 1
+    if nodes[0] > MAX_NODES:
+        raise InvalidInputError(f"json_schema has more than {MAX_NODES} sub-schemas; simplify it")
+    if depth > MAX_DEPTH:
+        raise _bad(where, f"is nested deeper than {MAX_DEPTH} levels")
+    if node is True:
+        return
+    if node is False:
+        raise _bad(where, "is `false`, which accepts no value")
+    if not isinstance(node, dict):
+        raise _bad(where, f"must be a schema object, not {type(node).__name__}")
+    _check_keywords(node, root, where)
+    for key in SCHEMA_LISTS:
+        if key in node:
+            items = node[key]
+            if not isinstance(items, list) or not items:
+                raise _bad(f"{where}.{key}".lstrip("."), "must be a non-empty list (an empty one admits no value)")
+            for i, sub in enumerate(items):
+                _walk(sub, root, f"{where}.{key}[{i}]".lstrip("."), depth + 1, nodes)
+    for key in SCHEMA_MAPS:
+        if key in node:
+            subs = node[key]
+            if not isinstance(subs, dict):
+                raise _bad(f"{where}.{key}".lstrip("."), "must be an object of schemas")
+            for name, sub in subs.items():
+                if key == "properties" and sub is False:
+                    continue  # a forbidden property is fine: it is simply never emitted
+                _walk(sub, root, f"{where}.{key}.{name}".lstrip("."), depth + 1, nodes)
+    for key in SCHEMA_ONE:
+        if key in node:
+            sub = node[key]
+            if key == "additionalProperties" and isinstance(sub, bool):
+                continue
+            if key == "items" and isinstance(sub, list):  # draft-4 tuple form
+                for i, s in enumerate(sub):
+                    _walk(s, root, f"{where}.items[{i}]".lstrip("."), depth + 1, nodes)
+                continue
+            if key == "not":  # the converter ignores `not`; only check it is well-formed
+                if not isinstance(sub, dict | bool):
+                    raise _bad(f"{where}.not".lstrip("."), "must be a schema")
+                continue
+            _walk(sub, root, f"{where}.{key}".lstrip("."), depth + 1, nodes)
+
+
+def _check_keywords(node: dict[str, Any], root: dict[str, Any], where: str) -> None:
+    def at(key: str) -> str:
+        return f"{where}.{key}".lstrip(".")
+
+    if "type" in node:
+        t = node["type"]
+        names = t if isinstance(t, list) else [t]
+        if not names:
+            raise _bad(at("type"), "is an empty list, which admits no value")
+        for n in names:
+            if n not in TYPES:
+                raise _bad(at("type"), f"names unknown type {n!r} (known: {', '.join(sorted(TYPES))})")
+    if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
+        raise _bad(at("enum"), "must be a non-empty list (an empty enum admits no value)")
+    if "required" in node and (
+        not isinstance(node["required"], list) or not all(isinstance(r, str) for r in node["required"])
+    ):
+        raise _bad(at("required"), "must be a list of property names")
+    for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minProperties", "maxProperties")):
+        for k in (lo, hi):
+            if k in node and (not isinstance(node[k], int) or isinstance(node[k], bool) or node[k] < 0):
+                raise _bad(at(k), "must be a non-negative integer")
+            if k in node and k != "minProperties" and k != "maxProperties" and node[k] > MAX_REPEAT:
+                raise _bad(at(k), f"is above {MAX_REPEAT} (the grammar unrolls repetitions)")
+        if lo in node and hi in node and node[lo] > node[hi]:
+            raise _bad(at(lo), f"is above {hi} ({node[lo]} > {node[hi]})")
+    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if k in node and (not isinstance(node[k], int | float) or isinstance(node[k], bool)):
+            raise _bad(at(k), "must be a number")
+    if "minimum" in node and "maximum" in node and node["minimum"] > node["maximum"]:
+        raise _bad(at("minimum"), f"is above maximum ({node['minimum']} > {node['maximum']})")
+    if "pattern" in node and not isinstance(node["pattern"], str):
+        raise _bad(at("pattern"), "must be a string")
+    if "$ref" in node:
+        _check_ref(node["$ref"], root, at("$ref"))
+
+
+def _check_ref(ref: Any, root: dict[str, Any], where: str) -> None:
+    # the converter would fetch http(s) references over the network: only local ones are allowed
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        raise _bad(where, "must be a local reference such as '#/$defs/name' (remote references are not fetched)")
+    target: Any = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or part not in target:
+            raise _bad(where, f"points to {ref}, which is not in the schema")
+        target = target[part]
+
+
+_TOKEN = re.compile(
+    r"""(?P<ws>\s+|\#[^\n]*)
+      |(?P<define>::=)
+      |(?P<name>[A-Za-z0-9_-]+)
+      |(?P<string>"(?:\\.|[^"\\])*")
+      |(?P<cls>\[(?:\\.|[^\]\\])*\])
+      |(?P<brace>\{\s*\d*\s*(?:,\s*\d*\s*)?\})
+      |(?P<op>[()|*+?.])""",
+    re.VERBOSE | re.DOTALL,
+)
+
+
+def check_gbnf(text: str) -> None:
+    """Structural check of a GBNF grammar: a root rule, non-empty rules and alternatives, defined references."""
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise InvalidInputError(f"json_schema expands to a grammar of {len(text)} characters; simplify it")
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise InvalidInputError(f"json_schema produced an unparseable grammar near {text[pos : pos + 40]!r}")
+        pos = m.end()
+        kind = m.lastgroup or ""
+        if kind != "ws":
+            tokens.append((kind, m.group()))
+    rules: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for i, tok in enumerate(tokens):
+        if tok[0] == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "define":
+            current = rules.setdefault(tok[1], [])
+        elif tok[0] == "define":
+            continue
+        elif current is None:
+            raise InvalidInputError("json_schema produced a grammar that does not start with a rule")
+        else:
+            current.append(tok)
+    if "root" not in rules:
+        raise InvalidInputError("json_schema produced a grammar without a root rule")
+    for name, body in rules.items():
+        _check_body(name, body, rules)
+
+
+def _check_body(name: str, body: list[tuple[str, str]], rules: dict[str, Any]) -> None:
+    where = f"grammar rule '{name}' (from the schema part of that name)"
+    filled = [False]  # per open group: does the current alternative have an element yet
+    for kind, value in body:
+        if kind == "name":
+            if value not in rules:
+                raise InvalidInputError(f"{where} refers to an undefined rule '{value}'")
+            filled[-1] = True
+        elif kind in ("string", "cls") or value == ".":
+            filled[-1] = True
+        elif value == "(":
+            filled.append(False)
+        elif value in ("|", ")"):
+            if not filled[-1]:
+                raise InvalidInputError(f"{where} has an empty alternative; the schema admits no value there")
+            if value == ")":
+                if len(filled) == 1:
+                    raise InvalidInputError(f"{where} has an unbalanced ')'")
+                filled.pop()
+                filled[-1] = True
+            else:
+                filled[-1] = False
+        elif (kind == "brace" or value in ("*", "+", "?")) and not filled[-1]:
+            raise InvalidInputError(f"{where} repeats nothing")
+    if len(filled) != 1:
+        raise InvalidInputError(f"{where} has an unclosed '('")
+    if not filled[0]:
+        raise InvalidInputError(f"{where} is empty; the schema admits no value there")
+
+
+def schema_to_gbnf(schema: dict[str, Any]) -> str:
+    """The checked GBNF grammar for `schema` (llama-cpp-python's converter, run on the caller's thread)."""
+    check_schema(schema)
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        text = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
+        raise InvalidInputError(f"json_schema could not be turned into a grammar: {exc}") from None
+    check_gbnf(text)
+    return text

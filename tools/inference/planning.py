@@ -1,0 +1,103 @@
+"""The load plan: backend, device, GPU layers and context from the estimator's fit on the free VRAM."""
+
+from __future__ import annotations
+
+import psutil
+
+from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.settings import Settings
+from gpubox.tools.estimate import inference as est_inf
+from gpubox.tools.estimate.catalog import package_catalog
+from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.tools.inference.registry import Discovered, MetaCache, size_of
+from gpubox.tools.inference.schemas import LoadPlan
+
+
+def plan(
+    settings: Settings,
+    meta: MetaCache,
+    d: Discovered,
+    backend: str,
+    context_length: int | None,
+    n_gpu_layers: int | None,
+    kv_cache_type: str,
+) -> LoadPlan:
+    status = gpu_status()
+    free = status.gpus[0].memory_free_mib * 2**20 / 1e9 if status.gpus else None
+    if d.format != "gguf":
+        cfg = meta.json_file(d.path / "config.json")
+        max_pos = cfg.get("max_position_embeddings")
+        if max_pos is not None and (not isinstance(max_pos, int) or isinstance(max_pos, bool) or max_pos < 1):
+            raise InvalidInputError(f"{d.path / 'config.json'}: max_position_embeddings must be a positive integer")
+        ctx = min(context_length or settings.infer_context_length, max_pos or 10**9)
+        size = size_of(d) / 1e9
+        device = "cuda" if free is not None else "cpu"
+        return LoadPlan(
+            backend="transformers",
+            device=device,
+            n_gpu_layers=-1 if free else 0,
+            context_length=ctx,
+            kv_cache_type="f16",
+            free_vram_gb=free,
+            estimated_memory_gb=round(size * 1.2, 3),
+            fits=free is None or size * 1.2 <= free,
+            reason="transformers loads all weights on "
+            + ("the GPU (device_map=auto spills to CPU)" if free else "the CPU"),
+        )
+    rm = meta.gguf(d.path)
+    shape = rm.shape
+    ctx = min(context_length or settings.infer_context_length, shape.max_context)
+    wp = est_inf.weight_plan(shape, rm.weight_format or "f16", rm.weight_bytes)
+    mem = est_inf.memory(shape, wp, kv_cache_type, ctx, 1)
+    if backend == "transformers":
+        return LoadPlan(
+            backend="transformers",
+            device="cuda" if free else "cpu",
+            n_gpu_layers=-1 if free else 0,
+            context_length=ctx,
+            kv_cache_type="f16",
+            free_vram_gb=free,
+            estimated_memory_gb=round(shape.params() * 4 / 1e9, 3),
+            fits=True,
+            reason="GGUF dequantised to fp32/bf16 by transformers",
+        )
+    if free is None:
+        ram = psutil.virtual_memory().available / 1e9
+        if mem.total_gb - est_inf.RUNTIME_OVERHEAD_GB > ram:
+            raise CapacityError(
+                f"{d.name} needs about {mem.total_gb:.1f} GB at context {ctx}, but only {ram:.1f} GB of RAM is "
+                "free and there is no GPU; pass a smaller context_length or a smaller quantisation"
+            )
+        return LoadPlan(
+            backend="llama.cpp",
+            device="cpu",
+            n_gpu_layers=0,
+            context_length=ctx,
+            kv_cache_type=kv_cache_type,
+            free_vram_gb=None,
+            estimated_memory_gb=mem.total_gb,
+            fits=True,
+            reason="no GPU visible to NVML: running on the CPU",
+        )
+    gpu = package_catalog().gpu(status.gpus[0].name)
+    fit = est_inf.estimate_on_gpu(
+        shape, wp, gpu, context=ctx, batch=1, kv_type=kv_cache_type, catalog=package_catalog(), available_gb=free
+    )
+    layers = fit.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
+    if n_gpu_layers is None and layers == 0:
+        raise CapacityError(
+            f"{d.name} does not fit even partly in the {free:.1f} GB free on {gpu.id} at context {ctx} "
+            f"(needs {mem.total_gb:.1f} GB); free GPU memory (infer_unload), lower context_length, or pass "
+            "n_gpu_layers=0 to run on the CPU"
+        )
+    return LoadPlan(
+        backend="llama.cpp",
+        device="cuda" if layers >= shape.layers else f"cuda ({layers}/{shape.layers} layers)",
+        n_gpu_layers=-1 if layers >= shape.layers else layers,
+        context_length=ctx,
+        kv_cache_type=kv_cache_type,
+        free_vram_gb=round(free, 3),
+        estimated_memory_gb=mem.total_gb,
+        fits=fit.fits,
+        reason=f"estimator fit on {free:.1f} GB free ({gpu.id}): margin {fit.margin_gb:.2f} GB",
+    )
