@@ -1,7 +1,59 @@
 #!/usr/bin/env bash
-# Install everything (scripts/install.sh) and run the whole test suite plus the linter.
+# The whole check, as CI runs it (.ci/run):
+#   1. install everything into .venv (scripts/install.sh) and lint with ruff;
+#   2. the full test suite in .venv (arguments go to this pytest run, e.g. `./scripts/test.sh -k search`);
+#   3. pyright (standard mode) on the package as installed (scripts/typecheck.sh);
+#   4. the suite again on Python 3.13 in .venv313 with a core-only install (`.[dev]`, no torch): tests that
+#      need an extra must skip there with a reason, so this proves a minimal install runs green.
+# Set GPUBOX_SKIP_TYPECHECK=1 or GPUBOX_SKIP_PY313=1 to leave a stage out locally (CI runs all of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# pytest exits 5 when it collected no tests: a typo in a path or -k must not pass as a green run.
+run_pytest() {
+    local label=$1 py=$2
+    shift 2
+    local rc=0
+    "$py" -m pytest -q "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "test.sh: $label: pytest collected no tests (exit 5); check the paths / -k expression" >&2
+    elif [ "$rc" -ne 0 ]; then
+        echo "test.sh: $label: pytest failed (exit $rc)" >&2
+    fi
+    return "$rc"
+}
+
+stage() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)" >&2; }
+
+stage "install .venv"
 ./scripts/install.sh
+
+stage "ruff"
 .venv/bin/ruff check server tools resources prompts tests examples bench
-HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python -m pytest -q "$@"
+
+stage "pytest (.venv, every extra)"
+run_pytest ".venv" .venv/bin/python "$@"
+
+if [ "${GPUBOX_SKIP_TYPECHECK:-0}" != 1 ]; then
+    stage "pyright (installed package)"
+    ./scripts/typecheck.sh
+fi
+
+if [ "${GPUBOX_SKIP_PY313:-0}" != 1 ]; then
+    PY313="${GPUBOX_PY313:-$HOME/.pyenv/versions/3.13.0/bin/python}"
+    [ -x "$PY313" ] || PY313="$(command -v python3.13 || true)"
+    if [ -z "$PY313" ] || [ ! -x "$PY313" ]; then
+        echo "test.sh: NOTE: no Python 3.13 found (set GPUBOX_PY313); the core-only 3.13 run is skipped" >&2
+    else
+        stage "pytest (.venv313: Python 3.13, core-only install)"
+        [ -x .venv313/bin/python ] || "$PY313" -m venv .venv313
+        .venv313/bin/pip install -q -e ".[dev]"
+        if .venv313/bin/python -c "import torch" 2>/dev/null; then
+            echo "test.sh: .venv313 must stay core-only but has torch; remove .venv313 and rerun" >&2
+            exit 1
+        fi
+        run_pytest ".venv313" .venv313/bin/python
+    fi
+fi
+stage "all checks passed"

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpubox import __version__
 from gpubox.errors import GpuboxError
 
@@ -166,21 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings_problem(exc: Exception) -> str:
+def _settings_problem(exc: ValidationError) -> str:
     """One line per invalid setting, without pydantic's URL and input echo (which may hold a token)."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
     lines = []
-    for err in errors():
+    for err in exc.errors():
         where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
         lines.append(f"{where}: {str(err.get('msg', '')).removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pydantic import ValidationError
-
     ns = build_parser().parse_args(argv)
     try:
         return int(ns.func(ns))

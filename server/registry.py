@@ -52,7 +52,7 @@ def _resource_error(exc: GpuboxError) -> Exception:
     return ResourceError(str(exc))
 
 
-def _translating(fn: F, translate: Callable[[GpuboxError], Exception]) -> Any:
+def _translating(fn: Callable[..., Any], translate: Callable[[GpuboxError], Exception]) -> Any:
     """`fn` with GpuboxError replaced by `translate(exc)`; sync stays sync (the SDK runs it in a thread)."""
     if inspect.iscoroutinefunction(fn):
 

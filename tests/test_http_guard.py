@@ -13,8 +13,6 @@ from gpubox.httpguard import matches
 
 from .conftest import child_env, running_http_server
 
-pytestmark = pytest.mark.slow
-
 INIT = {
     "jsonrpc": "2.0",
     "id": 1,
@@ -74,6 +72,7 @@ async def _post(base: str, token: str, **headers: str) -> int:
         return r.status_code
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_host_that_only_starts_like_an_allowed_one_gets_421(http_server: tuple[str, str]) -> None:
     base, token = http_server
@@ -83,6 +82,7 @@ async def test_a_host_that_only_starts_like_an_allowed_one_gets_421(http_server:
     assert await _post(base, token) == 200
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_an_origin_that_only_starts_like_an_allowed_one_gets_403(http_server: tuple[str, str]) -> None:
     base, token = http_server
@@ -105,6 +105,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_a_client_that_never_finishes_its_headers_is_disconnected(tmp_path: Path) -> None:
     env = child_env(tmp_path, GPUBOX_HTTP_REQUEST_TIMEOUT_SECONDS="1")
     with running_http_server(tmp_path, env=env) as (base, _, _, _):
@@ -117,9 +118,9 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(tmp_path: Path
             assert _closed_by_server(silent)
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_still_serves_complete_requests(tmp_path: Path) -> None:
     env = child_env(tmp_path, GPUBOX_HTTP_REQUEST_TIMEOUT_SECONDS="1")
-    with running_http_server(tmp_path, env=env) as (base, _, _, _):
-        with httpx2.Client() as http:
-            for _ in range(3):
-                assert http.get(f"{base}/health").json()["status"] == "ok"
+    with running_http_server(tmp_path, env=env) as (base, _, _, _), httpx2.Client() as http:
+        for _ in range(3):
+            assert http.get(f"{base}/health").json()["status"] == "ok"

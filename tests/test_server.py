@@ -16,7 +16,7 @@ from gpubox.errors import ConfigError, UnknownNameError
 from gpubox.registry import app_state
 from gpubox.settings import Settings
 
-from .conftest import GPUBOX, ROOT, child_env
+from .conftest import GPUBOX, ROOT, child_env, requires_models
 
 pytestmark = pytest.mark.anyio
 CONTRACT = ROOT / "tests" / "contract" / "tools.json"
@@ -153,6 +153,7 @@ def test_cli_call_with_an_unknown_tool_names_the_valid_ones(tmp_path: Path) -> N
     assert "gpu_status" in out.stderr
 
 
+@requires_models
 def test_cli_doctor_reports_extras_models_and_state_dir(tmp_path: Path) -> None:
     out = subprocess.run(
         [GPUBOX, "doctor", "--json"], env=child_env(tmp_path), capture_output=True, text=True, check=True
