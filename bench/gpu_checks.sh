@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent H100/H200 box: wheels that box lacks travel in .whl/ (see README, Development).
 # Runs the GPU-marked tests (NVML, llama.cpp CUDA offload when a CUDA build of llama-cpp-python is carried)
-# and bench/gpu_checks.py, whose figures land in $OUT (or bench/results/).
+# and bench/gpu_checks.py + bench/bench_tools_vs_script.py, whose figures land in $OUT (or bench/results/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -14,5 +14,8 @@ for d in server/*.py; do ln -sf "$(pwd)/$d" .gpubox-src/gpubox/; done
 for d in tools resources prompts; do ln -sfn "$(pwd)/$d" ".gpubox-src/gpubox/$d"; done
 export PYTHONPATH="$(pwd)/.gpubox-src${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi || true
+# gpu_checks.py also runs bench_attention over the FFPA sweep (B=1 H=48 N=8192 D=64,128,320..1024, fp16) and
+# bench_device through MCP; then the tool's figures against a bare script timing the same SDPA kernels
 python3 bench/gpu_checks.py
+python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20

@@ -280,10 +280,10 @@ def measure(
         if scores > 0.8 * free_bytes(cuda):
             free = free_bytes(cuda) / 1e9
             return f"the math backend materialises {scores / 1e9:.1f} GB of N×N scores; {free:.1f} GB free"
-    qi, ki, vi = (kern.prepare(t) for t in (q, k, v))
+    # detached copies: with backward, each backend gets its own leaf tensors and gradients
+    qi, ki, vi = (kern.prepare(t.detach()) for t in (q, k, v))
     if grad is not None:
-        for t in (qi, ki, vi):
-            t.requires_grad_(True)
+        qi, ki, vi = (t.clone().requires_grad_(True) for t in (qi, ki, vi))
     g = kern.prepare(grad) if grad is not None else None
 
     def call() -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.errors import BusyError, InvalidInputError, MissingExtraError, NotFoundError
 from gpubox.settings import Settings
 from gpubox.state import AppState
 from gpubox.tools.bench import plots
@@ -126,7 +126,7 @@ class BenchService:
         device = env.get("device", "unknown")
         if baseline == "auto":
             baseline = GPU_BASELINE if device == "cuda" else CPU_BASELINE
-        rows = [{k: v for k, v in e.items() if k != "type"} for e in outcome.events if e["type"] == "row"]
+        rows = [tidy({k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "row"]
         rank(rows, baseline)
         skipped = [
             SkippedBackend(**{k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "skip"
@@ -134,8 +134,9 @@ class BenchService:
         mode = (" causal" if params["causal"] else "") + (" fwd+bwd" if params["backward"] else "")
         name = env.get("device_name", device)
         title = f"{name} · {env.get('dtype', '?')} · B={params['batch']} H={env.get('heads')}{mode}"
-        figs = [plots.tflops_plot(rows, title), plots.speedup_plot(rows, title, baseline)] if rows else []
-        notes = []
+        notes: list[str] = []
+        draw = lambda: [plots.tflops_plot(rows, title), plots.speedup_plot(rows, title, baseline)]  # noqa: E731
+        figs = optional_plots(draw, notes) if rows else []
         if not any(r["backend"] == baseline for r in rows):
             notes.append(f"the baseline {baseline} did not run, so there are no speedups; see skipped")
         if any(not r["within_tolerance"] for r in rows):
@@ -218,7 +219,11 @@ class BenchService:
             elapsed_s=round(outcome.elapsed_s, 2),
         )
         dumped = [f.model_dump() for f in figures]
-        figs = [plots.device_plot(dumped, f"{name} · measured vs datasheet")] if figures else []
+        figs = (
+            optional_plots(lambda: [plots.device_plot(dumped, f"{name} · measured vs datasheet")], [])
+            if figures
+            else []
+        )
         self._store(run_id, "device", result.model_dump(), None, figs)
         return result
 
@@ -292,6 +297,24 @@ class BenchService:
             self.runs.save_file(run_id, p.name + ".png", p.png)
         refs = [PlotRef(name=p.name, uri=uri(run_id, p.name + ".png"), series=p.series) for p in figs]
         return PlotResult(run_id=run_id, against=against, plots=refs, notes=notes), figs
+
+
+def optional_plots(draw: Callable[[], list[plots.Plot]], notes: list[str]) -> list[plots.Plot]:
+    """The measurements stand without plots: a box without matplotlib still gets its table."""
+    try:
+        return draw()
+    except MissingExtraError as exc:
+        notes.append(f"no plots: {exc}")
+        return []
+
+
+def tidy(row: dict[str, Any]) -> dict[str, Any]:
+    """Four significant figures: more would be noise between two runs of the same kernel."""
+    for k in ("time_ms", "time_ms_min", "time_ms_max", "tflops", "peak_memory_mb", "max_abs_error"):
+        if isinstance(row.get(k), float):
+            row[k] = float(f"{row[k]:.4g}")
+    row["spread_pct"] = round(row.get("spread_pct", 0.0), 1)
+    return row
 
 
 def rank(rows: list[dict[str, Any]], baseline: str) -> None:
