@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.errors import InvalidInputError, UnknownNameError
+from gpubox.errors import ConfigError, GpuboxError, InvalidInputError, UnknownNameError
 
 
 def _coerce(raw: str, schema: dict[str, Any]) -> Any:
@@ -38,6 +38,12 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
     return args
 
 
+def _from_protocol_error(exc: MCPError) -> GpuboxError:
+    if isinstance(exc.data, dict) and exc.data.get("error") == "ConfigError":
+        return ConfigError(exc.message)
+    return GpuboxError(f"the server answered with protocol error {exc.code}: {exc.message}")
+
+
 async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[bool, Any]:
     """Returns (is_error, payload): structured content when present, else the text blocks."""
     problem: Exception | None = None
@@ -52,7 +58,10 @@ async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[b
         except InvalidInputError as exc:
             problem = exc
         else:
-            result = await client.call_tool(name, args)
+            try:
+                result = await client.call_tool(name, args)
+            except MCPError as exc:  # a protocol error (e.g. ConfigError) is an exit status, not a traceback
+                problem = _from_protocol_error(exc)
     if problem is not None:
         raise problem
     assert result is not None

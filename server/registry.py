@@ -37,7 +37,7 @@ DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idemp
 
 
 def _protocol_error(exc: ConfigError) -> MCPError:
-    return MCPError(code=INTERNAL_ERROR, message=f"gpubox configuration error: {exc}", data={"error": "ConfigError"})
+    return MCPError(code=INTERNAL_ERROR, message=f"configuration error: {exc}", data={"error": "ConfigError"})
 
 
 def _tool_error(exc: GpuboxError) -> Exception:

@@ -180,3 +180,13 @@ def test_cli_client_config_prints_valid_json_with_absolute_command(tmp_path: Pat
         assert Path(entry["command"]).is_absolute() and Path(entry["command"]).exists()
         assert entry["env"]["GPUBOX_STATE_DIR"] == str(tmp_path / "state")
         assert "CUDA_VISIBLE_DEVICES" in entry["env"]
+
+
+def test_cli_call_reports_a_configuration_error_with_exit_2_not_a_traceback(tmp_path: Path) -> None:
+    catalog = tmp_path / "state" / "catalog"
+    catalog.mkdir(parents=True)
+    (catalog / "gpus.json").write_text("{not json")
+    out = subprocess.run([GPUBOX, "call", "estimate_gpus"], env=child_env(tmp_path), capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("gpubox: configuration error:") and "gpus.json is not valid JSON" in out.stderr
+    assert "Traceback" not in out.stderr
