@@ -69,9 +69,38 @@ class Chunk:
     text: str
     symbol: str | None
     kind: str  # function, method, class, ..., or "window"/"module"
+    parent: str | None = None  # the enclosing class/impl/receiver type of a method (Context.invoke)
+    signature: str | None = None  # a long symbol's opening line(s), on its windows after the first
+
+    @property
+    def qualified(self) -> str | None:
+        return f"{self.parent}.{self.symbol}" if self.parent and self.symbol else self.symbol
 
 
-def windows(lines: list[str], start: int, end: int, symbol: str | None, kind: str) -> list[Chunk]:
+EMBED_HEADER_CHARS = 400  # MiniLM reads 256 word pieces: the header must leave most of them to the code
+
+
+def embedding_text(path: str, c: Chunk) -> str:
+    """What the embedding model sees: where the chunk lives, what it defines (qualified: Class.method) and, for a
+    window cut from the middle of a long symbol, that symbol's signature; then the code, whose first lines hold
+    the signature and docstring. A description of behaviour then lands on the right method of a big class."""
+    head = [path]
+    if c.symbol:
+        head.append(f"{c.kind} {c.qualified}")
+    if c.signature:
+        head.append(c.signature)
+    return "\n".join(head)[:EMBED_HEADER_CHARS] + "\n" + c.text
+
+
+def windows(
+    lines: list[str],
+    start: int,
+    end: int,
+    symbol: str | None,
+    kind: str,
+    parent: str | None = None,
+    signature: str | None = None,
+) -> list[Chunk]:
     """Overlapping windows over lines[start:end] (0-based), skipping blank-only pieces."""
     out = []
     i = start
@@ -79,7 +108,8 @@ def windows(lines: list[str], start: int, end: int, symbol: str | None, kind: st
         j = min(end, i + WINDOW)
         text = "\n".join(lines[i:j])
         if text.strip():
-            out.append(Chunk(i + 1, j, text, symbol, kind))
+            # the first window starts with the signature itself; later ones repeat it for the embedding
+            out.append(Chunk(i + 1, j, text, symbol, kind, parent, signature if i > start else None))
         if j == end:
             break
         i = j - OVERLAP
@@ -95,8 +125,36 @@ def _name(node: Any) -> str | None:
         if decl.type in ("identifier", "field_identifier", "qualified_identifier", "destructor_name", "operator_name"):
             return decl.text.decode(errors="replace")
         decl = decl.child_by_field_name("declarator") or (decl.named_children[0] if decl.named_children else None)
-    t = node.child_by_field_name("type")  # Rust `impl Foo`
-    return t.text.decode(errors="replace") if t is not None else None
+    t = node.child_by_field_name("type")  # Rust `impl<'a> Foo<'a>` -> Foo
+    return t.text.decode(errors="replace").split("<")[0].strip() if t is not None else None
+
+
+def _signature(lines: list[str], start: int) -> str:
+    """The opening line(s) of a definition: up to the line that opens its body (at most 4 lines)."""
+    out = []
+    for line in lines[start : start + 4]:
+        out.append(line.strip())
+        if line.rstrip().endswith((":", "{", "=>")) or "{" in line:
+            break
+    return " ".join(out)
+
+
+def _receiver(node: Any) -> str | None:
+    """Go: the receiver type of `func (c *Command) Find()` -> Command."""
+    recv = node.child_by_field_name("receiver")
+    if recv is None:
+        return None
+    idents = [n for n in _walk(recv) if n.type == "type_identifier"]
+    return idents[0].text.decode(errors="replace") if idents else None
+
+
+def _walk(node: Any) -> list[Any]:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(reversed(n.named_children))
+    return out
 
 
 def _parser(language: str) -> Any | None:
@@ -121,7 +179,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     out: list[Chunk] = []
     covered = [False] * len(lines)
 
-    def emit(node: Any, parent_kind: str | None) -> None:
+    def emit(node: Any, parent_kind: str | None, parent: str | None = None) -> None:
         kind = kinds[node.type]
         if node.type == "variable_declarator":
             value = node.child_by_field_name("value")
@@ -132,29 +190,32 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         if kind == "function" and parent_kind in ("class", "impl", "interface", "trait"):
             kind = "method"
         name = _name(node) if node.type != "lexical_declaration" else _name(node.named_children[0])
+        if node.type == "method_declaration" and language == "go":
+            parent = _receiver(node) or parent
         s, e = node.start_point[0], node.end_point[0]
+        sig = _signature(lines, s)
         # decorators/comments directly above belong to the symbol
         while s > 0 and not covered[s - 1] and lines[s - 1].lstrip().startswith(LEADING):
             s -= 1
         inner = [c for c in _symbol_children(node)] if kind in CONTAINERS else []
         if e - s + 1 <= MAX_LINES or (not inner and kind not in ("function", "method")):
             if e - s + 1 <= MAX_LINES:
-                out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind))
+                out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind, parent))
             else:
-                out.extend(windows(lines, s, e + 1, name, kind))
+                out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
             for i in range(s, e + 1):
                 covered[i] = True
             return
         if inner:
             first = inner[0].start_point[0]
             header_end = max(s, first - 1)
-            out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind))
+            out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
             for i in range(s, header_end + 1):
                 covered[i] = True
             for child in inner:
-                emit(child, kind)
+                emit(child, kind, name)
             return
-        out.extend(windows(lines, s, e + 1, name, kind))
+        out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
         for i in range(s, e + 1):
             covered[i] = True
 

@@ -151,13 +151,21 @@ def _covers(word: str, part: str) -> bool:
     return n >= 4 and word[:n] == part[:n] and abs(len(word) - len(part)) <= 3
 
 
+_DEF_KEYWORDS = r"(?:def|class|fn|func|function|struct|enum|trait|type|interface|impl|macro_rules!|const|let|var)"
+
+
 def defines(row: ChunkRow, identifiers: tuple[str, ...]) -> bool:
-    if not row.symbol or row.kind not in DEFINITION_KINDS:
+    """The chunk is the named symbol's definition, or a small container whose text defines it (`fn next_token`
+    inside a whole `impl Tokenizer` chunk, `func (c *Command) Find` in a Go file window)."""
+    if row.kind not in DEFINITION_KINDS and row.kind not in ("window", "module"):
         return False
-    sym = row.symbol.lower()
+    sym = (row.symbol or "").lower()
     for ident in identifiers:
-        last = re.split(r"\.|::|->", ident)[-1].lower()
-        if sym == ident.lower() or sym == last:
+        last = re.split(r"\.|::|->", ident)[-1]
+        if sym and (sym == ident.lower() or sym == last.lower()):
+            return True
+        pattern = rf"\b{_DEF_KEYWORDS}\s+(?:\([^)]*\)\s*)?{re.escape(last)}\b|\b{re.escape(last)}\s*[:=]\s*function\b"
+        if len(last) > 2 and re.search(pattern, row.text):
             return True
     return False
 
@@ -196,7 +204,7 @@ def rerank(
         bonus = 0.0
         if cfg.definition and profile.identifiers and defines(r, profile.identifiers):
             bonus += cfg.definition * top
-        elif cfg.name_match and r.symbol and r.kind in DEFINITION_KINDS:
+        elif cfg.name_match and profile.kind != "symbol" and r.symbol and r.kind in DEFINITION_KINDS:
             share = name_share(r.symbol, profile.words)
             bonus += cfg.name_match * top * share if share >= 0.5 else 0.0
         if cfg.stem and profile.kind != "symbol":

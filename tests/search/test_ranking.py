@@ -1,0 +1,247 @@
+"""The ranking stage of hybrid search (tools/search/rank.py) on real chunks of tests/data/sample_repo: the query
+classifier, the symbol and phrase legs, and each ranking rule. SQLite only: no embedding model is loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubox.tools.search.chunker import chunk_text, embedding_text
+from gpubox.tools.search.query import hybrid, phrase, symbols
+from gpubox.tools.search.rank import (
+    DEFAULT,
+    Scored,
+    classify,
+    dedupe,
+    defines,
+    fuse,
+    path_penalty,
+    rerank,
+    stem_share,
+)
+from gpubox.tools.search.store import ChunkRow, IndexStore
+from tests.conftest import DATA
+
+REPO = DATA / "sample_repo"
+FILES = {
+    "inventory/cache.py": "python",
+    "inventory/config.py": "python",
+    "inventory/db.py": "python",
+    "inventory/auth.py": "python",
+    "inventory/api.py": "python",
+    "inventory/retry.py": "python",
+    "server/ratelimit.go": "go",
+    "web/src/debounce.js": "javascript",
+}
+
+
+def _rows(path: str, first_id: int) -> list[ChunkRow]:
+    text = (REPO / path).read_text()
+    return [
+        ChunkRow(first_id + n, path, c.start_line, c.end_line, c.symbol, c.kind, FILES[path], c.text)
+        for n, c in enumerate(chunk_text(text, FILES[path]))
+    ]
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[int, ChunkRow]:
+    out: dict[int, ChunkRow] = {}
+    for path in FILES:
+        for r in _rows(path, len(out) + 1):
+            out[r.id] = r
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, rows: dict[int, ChunkRow]) -> Iterator[IndexStore]:
+    """The sample chunks in a real index store (FTS5 + symbols); vectors are zeros since no leg here reads them."""
+    st = IndexStore(tmp_path_factory.mktemp("rank") / "idx")
+    with st.transaction() as db:
+        st.insert_chunks(
+            db,
+            [(r.path, r.start_line, r.end_line, r.symbol, r.kind, r.language, r.text, str(r.id), b"\0" * 16)
+             for r in rows.values()],
+        )  # fmt: skip
+    yield st
+    st.close()
+
+
+def _by_symbol(rows: dict[int, ChunkRow], symbol: str) -> ChunkRow:
+    return next(r for r in rows.values() if r.symbol == symbol)
+
+
+# --- the query classifier -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "what happens on a command error",
+        "the option that sets the retry count",
+        "Config error when the file is missing",
+    ],
+)
+def test_english_words_are_not_identifiers(query: str) -> None:
+    p = classify(query)
+    assert p.kind == "nl"
+    assert p.identifiers == ()
+
+
+@pytest.mark.parametrize(
+    ("query", "ident"),
+    [
+        ("where is retry_with_backoff used", "retry_with_backoff"),
+        ("how does NewRateLimiter refill tokens", "NewRateLimiter"),
+        ("call LRUCache.get() on a miss", "LRUCache.get"),
+        ("what does `migrate` do", "migrate"),
+    ],
+)
+def test_code_tokens_in_a_sentence_are_identifiers(query: str, ident: str) -> None:
+    p = classify(query)
+    assert p.kind == "mixed"
+    assert p.identifiers == (ident,)
+
+
+def test_a_one_word_query_is_a_name_lookup() -> None:
+    assert classify("migrate").kind == "symbol"
+    assert classify("  load_config() ").identifiers == ("load_config",)
+    assert classify("debounce").identifiers == ("debounce",)
+
+
+def test_content_words_drop_stopwords_and_split_camel_case() -> None:
+    assert classify("how is the parseConfigFile read").words == ("parseconfigfile", "parse", "config", "file", "read")
+
+
+# --- the legs ---------------------------------------------------------------------------------------------------
+
+
+def test_english_words_do_not_trigger_the_symbol_leg(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
+    # 'migrate', 'debounce', 'main' and 'Config' are definitions in the sample repo: as words in a sentence they
+    # must not pull those definitions in through the symbol leg
+    query = "migrate the Config before main starts, and debounce the reload"
+    assert classify(query).identifiers == ()
+    ranked = hybrid(store, None, None, query, "hybrid", 20, None, None)
+    assert ranked, "the lexical leg still answers"
+    assert all("symbol" not in r.sources for r in ranked)
+    # ...while the same name written as code does
+    assert symbols(store, classify("run migrate() first").identifiers, None) == [_by_symbol(rows, "migrate").id]
+
+
+def test_symbol_leg_matches_any_case_for_code_tokens(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
+    assert symbols(store, ("lruCache",), None) == [_by_symbol(rows, "LRUCache").id]
+
+
+def test_phrase_leg_finds_a_quoted_message(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
+    target = next(r for r in rows.values() if "quantity must not be negative" in r.text)
+    hits = phrase(store, "quantity must not be negative", 10, None)
+    assert [i for i, _ in hits] == [target.id]
+    assert phrase(store, "quantity must be not negative", 10, None) == []  # word order matters
+
+
+# --- fusion and the ranking rules --------------------------------------------------------------------------------
+
+
+def test_fusion_weights_follow_the_query_kind() -> None:
+    lists = {"vector": [(1, 0.9), (2, 0.8)], "lexical": [(2, 5.0), (1, 4.0)], "symbol": [(3, 1.0)]}
+    nl = fuse(lists, classify("keep recently used entries"))
+    assert {s.id for s in nl} == {1, 2}  # the symbol leg has weight 0 for plain English
+    sym = fuse(lists, classify("LRUCache"))
+    assert sym[0].id == 3  # a definition of the named symbol leads
+
+
+def test_a_definition_outranks_a_mention(rows: dict[int, ChunkRow]) -> None:
+    # api.py mentions Database in every signature; db.py defines it. Fusion alone puts the mention first.
+    mention = next(r for r in rows.values() if r.path == "inventory/api.py" and "Database" in r.text)
+    definition = _by_symbol(rows, "Database")
+    profile = classify("Database")
+    fused = [Scored(mention.id, 0.030, ["lexical"]), Scored(definition.id, 0.020, ["lexical"])]
+    ranked = rerank(fused, rows, profile)
+    assert ranked[0].id == definition.id
+
+
+def test_test_paths_are_penalised(rows: dict[int, ChunkRow]) -> None:
+    src = _by_symbol(rows, "retry_with_backoff")
+    in_tests = ChunkRow(999, "tests/test_retry.py", 1, 8, "test_retry_gives_up", "function", "python", src.text)
+    both = {**rows, 999: in_tests}
+    fused = [Scored(999, 0.030, ["lexical"]), Scored(src.id, 0.025, ["lexical"])]
+    ranked = rerank(fused, both, classify("retry a call with exponential backoff"))
+    assert [s.id for s in ranked][:2] == [src.id, 999]
+    assert path_penalty("tests/test_retry.py") and path_penalty("web/vendor/lib.js") and path_penalty("a.min.js")
+    assert path_penalty("examples/basic/main.go") and not path_penalty("inventory/retry.py")
+
+
+def test_file_names_that_match_the_query_go_up(rows: dict[int, ChunkRow]) -> None:
+    assert stem_share("inventory/retry.py", ("retry", "failed", "call")) == pytest.approx(1 / 3)
+    assert stem_share("doc/md_docs.go", ("markdown", "docs")) == pytest.approx(1 / 2)
+    retry = _by_symbol(rows, "retry_with_backoff")
+    other = _by_symbol(rows, "refresh_token")
+    fused = [Scored(other.id, 0.030, ["vector"]), Scored(retry.id, 0.028, ["vector"])]
+    ranked = rerank(fused, rows, classify("retry until it works"))
+    assert ranked[0].id == retry.id
+
+
+def test_a_class_and_its_method_are_not_both_returned(rows: dict[int, ChunkRow]) -> None:
+    cls = _by_symbol(rows, "LRUCache")
+    lines = (REPO / cls.path).read_text().splitlines()
+    start = next(n for n, line in enumerate(lines, 1) if "def get(" in line)
+    text = "\n".join(lines[start - 1 : start + 5])
+    method = ChunkRow(500, cls.path, start, start + 5, "get", "method", "python", text)
+    both = {**rows, 500: method}
+    fused = [Scored(500, 0.030, ["vector"]), Scored(cls.id, 0.029, ["lexical"])]
+    ranked = rerank(fused, both, classify("look up a cached value"))
+    assert len(ranked) == 1 and ranked[0].id in (500, cls.id)
+    assert set(ranked[0].sources) == {"vector", "lexical"}  # the kept hit says both legs found it
+    # spans that do not overlap in the same file both stay
+    db = [_by_symbol(rows, "create_item"), _by_symbol(rows, "delete_item")]
+    assert len(dedupe([Scored(r.id, 1.0, []) for r in db], rows)) == 2
+
+
+def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
+    from dataclasses import replace
+
+    mention = next(r for r in rows.values() if r.path == "inventory/api.py" and "Database" in r.text)
+    definition = _by_symbol(rows, "Database")
+    fused = [Scored(mention.id, 0.030, ["lexical"]), Scored(definition.id, 0.020, ["lexical"])]
+    off = replace(DEFAULT, definition=0, coherence=0, mention=1)
+    assert rerank(fused, rows, classify("Database"), off)[0].id == mention.id
+
+
+# --- what gets embedded ------------------------------------------------------------------------------------------
+
+
+def test_embedding_text_carries_path_and_qualified_name() -> None:
+    text = (REPO / "server/ratelimit.go").read_text()
+    allow = next(c for c in chunk_text(text, "go") if c.symbol == "Allow")
+    assert allow.qualified == "RateLimiter.Allow"
+    head = embedding_text("server/ratelimit.go", allow).splitlines()[:2]
+    assert head == ["server/ratelimit.go", "method RateLimiter.Allow"]
+
+
+def test_windows_of_a_long_function_repeat_its_signature(tmp_path: Path) -> None:
+    body = "\n".join(f"        total += {i}" for i in range(150))
+    src = f"class Ledger:\n    def settle(self, accounts: list[str]) -> int:\n        total = 0\n{body}\n"
+    chunks = [c for c in chunk_text(src, "python") if c.symbol == "settle"]
+    assert len(chunks) >= 2
+    assert chunks[0].signature is None  # the first window starts with the def line itself
+    later = embedding_text("ledger.py", chunks[1])
+    assert "method Ledger.settle" in later
+    assert "def settle(self, accounts: list[str]) -> int:" in later
+
+
+def test_a_method_defined_inside_a_whole_impl_chunk_counts_as_its_definition() -> None:
+    # engine/src/parser.rs: a small `impl<'a> Tokenizer<'a>` is one chunk holding `fn next_token`
+    text = (REPO / "engine/src/parser.rs").read_text()
+    impl = next(c for c in chunk_text(text, "rust") if c.kind == "impl")
+    assert impl.symbol == "Tokenizer"  # generics stripped, so `Tokenizer` finds it through the symbol leg
+    row = ChunkRow(1, "engine/src/parser.rs", impl.start_line, impl.end_line, impl.symbol, impl.kind, "rust", impl.text)
+    auth = (REPO / "inventory/auth.py").read_text()
+    refresh = next(c for c in chunk_text(auth, "python") if c.symbol == "refresh_token")
+    other = ChunkRow(2, "inventory/auth.py", refresh.start_line, refresh.end_line, "refresh_token", "function",
+                     "python", refresh.text)  # fmt: skip
+    profile = classify("next_token")
+    assert defines(row, profile.identifiers) and not defines(other, profile.identifiers)
+    # refresh_token shares the word 'token' but only the real definition gets the boost
+    ranked = rerank([Scored(2, 0.030, ["lexical"]), Scored(1, 0.025, ["lexical"])], {1: row, 2: other}, profile)
+    assert ranked[0].id == 1
