@@ -19,7 +19,8 @@ from gpubox.errors import GpuboxError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.estimate.adapter import estimator
-from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.finetune.planner import estimator_model
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.service import Finetuner
 
 # Filled in by the plan from the dataset and the device present, not by the caller.
@@ -38,18 +39,23 @@ def record_calibration(state: AppState, info: dict[str, Any]) -> str:
     """Store a finished job's measured tokens/s and peak memory as a training calibration."""
     req = info["request"]
     device = info.get("device", "cpu")
+    est = estimator(state)
     try:
-        m = estimator(state).record_training(
-            "cpu" if device == "cpu" else "local",
-            info["base"]["path"],
+        m = est.record_training(
+            "cpu" if device == "cpu" else info.get("gpu_name", "local"),
+            estimator_model(est, ResolvedBase.model_validate(info["base"])),
             req["method"],
             req["max_length"],
             info["per_device_train_batch_size"],
             bool(info["gradient_checkpointing"]),
             tokens_per_s=info.get("tokens_per_s"),
             peak_memory_gb=info.get("peak_memory_gb"),
-            lora_rank=req["lora_r"],
-            note=f"finetune job {info['job_id']} ({device})",
+            lora_r=req["lora_r"],
+            lora_target_modules=req.get("lora_target_modules"),
+            optim=req["optim"],
+            weight_format=req.get("weight_format"),
+            note=f"finetune job {info['job_id']} ({device}, peak memory as "
+            + ("torch.cuda.max_memory_allocated)" if device != "cpu" else "process RSS)"),
         )
     except (GpuboxError, TypeError, ValueError) as exc:
         return f"calibration not recorded: {exc}"

@@ -82,37 +82,28 @@ def summarise(
     return summary, rows, train_tokens
 
 
-def estimate(estimator: Any, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int) -> Any:
+def estimator_model(estimator: Any, base: ResolvedBase) -> str:
+    """How the estimator can read this base: its catalog entry (the bundled GGUF and the dequantized copies live
+    outside the allowed roots the estimator reads), else the file or folder itself."""
+    models = getattr(getattr(estimator, "catalog", None), "models", {}) or {}
+    matches = [m for m in models if base.name.startswith(m.lower())]
+    if matches:
+        return max(matches, key=len)
+    return base.path
+
+
+def estimate(
+    estimator: Any, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int, device: str
+) -> Any:
     """The estimator's TrainingEstimate for this request, or raise GpuboxError."""
     from gpubox.tools.estimate.requests import TrainingRequest
 
     fields = {k: getattr(req, k) for k in TrainingRequest.model_fields}
-    fields.update(model=base.hf_path if base.hf_ready or base.format == "hf" else base.path)
+    fields.update(model=estimator_model(estimator, base), gpu="local" if device == "cuda" else "cpu")
     fields.update(dataset_samples=train_rows, dataset_tokens=max(tokens, 1))
     if fields["per_device_train_batch_size"] == "auto":
         fields["per_device_train_batch_size"] = None
-    treq = TrainingRequest(**fields)
-    try:
-        return estimator.training(treq)
-    except TypeError:
-        # the estimator before it took one TrainingRequest: its positional signature
-        targets = treq.lora_target_modules
-        return estimator.training(
-            treq.model,
-            treq.method,
-            treq.lora_r,
-            ["all-linear"] if targets in (None, "all-linear") else targets,
-            treq.max_length,
-            treq.per_device_train_batch_size if isinstance(treq.per_device_train_batch_size, int) else None,
-            treq.gradient_checkpointing is not False,
-            treq.optim if treq.optim in ("adamw_8bit", "paged_adamw_8bit", "sgd") else "adamw",
-            treq.weight_format,
-            treq.dataset_samples,
-            treq.dataset_tokens,
-            treq.num_train_epochs,
-            treq.target_global_batch,
-            "local",
-        )
+    return estimator.training(TrainingRequest(**fields))
 
 
 def layout(
@@ -155,10 +146,10 @@ def _needs_gc(est_result: Any) -> bool:
 
 
 def estimate_or_warning(
-    estimator: Any, req: FinetuneRequest, base: ResolvedBase, rows: int, tokens: int, warnings: list[str]
+    estimator: Any, req: FinetuneRequest, base: ResolvedBase, rows: int, tokens: int, device: str, warnings: list[str]
 ) -> tuple[Any, Any]:
     try:
-        est = estimate(estimator, req, base, rows, tokens)
+        est = estimate(estimator, req, base, rows, tokens, device)
     except (GpuboxError, TypeError, ValueError) as exc:
         warnings.append(f"no memory/time estimate: {exc}")
         return None, None

@@ -79,7 +79,7 @@ class Finetuner:
         if req.num_processes > 1:
             warnings.append("num_processes > 1 is not supported by finetune_launch yet; the job uses 1 process")
             req = req.model_copy(update={"num_processes": 1})
-        est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, warnings)
+        est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
         memory = getattr(on, "memory", None)
         plan = FinetunePlan(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import signal
 import sys
 import time
@@ -103,7 +102,8 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
 
     req = cfg["request"]
     base = cfg["base"]
@@ -222,7 +222,8 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     adapter_dir = Path(cfg["adapter_dir"])
     adapter_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = adapter_dir.with_name(adapter_dir.name + ".tmp")
-    trainer.model.save_pretrained(str(tmp))
+    trained_model: Any = trainer.model
+    trained_model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     conf = tmp / "adapter_config.json"
     if conf.is_file():
@@ -243,6 +244,7 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accum,
         "device": "cuda" if cuda else "cpu",
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 1e9, 4) if cuda else None,
     }
 
@@ -274,5 +276,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a job never downloads weights
     raise SystemExit(main(sys.argv[1:]))
