@@ -1,0 +1,162 @@
+"""One client's work never stalls another's: loads happen outside the locks that status and generation need,
+a model is never closed under a running request, and a failing generate thread reaches the caller."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.bundled import smollm2_gguf
+from gpubox.settings import Settings
+from gpubox.tools.inference import manager as manager_mod
+from gpubox.tools.inference.adapter import manager
+from gpubox.tools.inference.backends import GenParams
+from gpubox.tools.inference.registry import DEFAULT_MODEL
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Any]:
+    pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("needs the bundled SmolLM2 GGUF (gpubox[models])")
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(gguf, models / "smollm2-copy.gguf")
+    settings = Settings.load(
+        state_dir=tmp_path / "state", model_dirs=[models], allowed_roots=[tmp_path], infer_context_length=512
+    )
+    mcp = build_server(settings)
+    yield mcp
+    state_of(mcp).close()
+
+
+async def ok(client: Client, tool: str, **args: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def test_status_answers_while_one_client_generates_and_another_loads_a_model(env: Any) -> None:
+    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    async with Client(env) as a, Client(env) as b, Client(env) as c:
+        await ok(a, "infer_load", name=DEFAULT_MODEL, context_length=256)
+        stop = anyio.Event()
+        loaded = anyio.Event()
+        times: dict[str, float] = {}
+
+        async def generate_until_stopped() -> None:  # short requests: each one ends with a release
+            while not stop.is_set():
+                await ok(a, "infer_complete", prompt="Count: 1, 2, 3,", max_tokens=6, temperature=0)
+
+        async def load_other() -> None:
+            await ok(b, "infer_load", name="smollm2-copy", backend="transformers", context_length=256)
+            times["loaded"] = time.perf_counter()
+            loaded.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate_until_stopped)
+            tg.start_soon(load_other)
+            await anyio.sleep(1.0)  # the transformers load is under way and A keeps generating
+            times["asked"] = time.perf_counter()
+            for _ in range(3):
+                await ok(c, "gpu_status")
+            times["answered"] = time.perf_counter()
+            with anyio.fail_after(600):
+                await loaded.wait()
+            stop.set()
+    assert times["loaded"] > times["asked"], "the load ended before C asked: this run shows nothing"
+    # before the fix, A's release() waited on the event loop for the lock B's load held: C waited for the load
+    assert times["answered"] < times["loaded"]
+    assert times["answered"] - times["asked"] < 30  # generous: gpu_status takes milliseconds
+
+
+def test_the_reaper_never_closes_a_model_that_an_acquire_took_while_it_was_deciding(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mgr = manager(state_of(env))
+    mgr._stop.set()  # drive the reaper by hand
+    mgr.load(DEFAULT_MODEL, context_length=256, keep_alive_s=1)
+    taken: list[manager_mod.Resident] = []
+    real_info = manager_mod.log.info
+
+    def acquire_meanwhile(msg: str, *args: Any) -> None:  # the reaper logs as it decides to unload
+        if msg.startswith("unloading") and not taken:
+            t = threading.Thread(target=lambda: taken.append(mgr.acquire(DEFAULT_MODEL)))
+            t.start()
+            t.join(timeout=120)
+        real_info(msg, *args)
+
+    monkeypatch.setattr(manager_mod.log, "info", acquire_meanwhile)
+    mgr.reap(now=time.time() + 3600)
+    assert taken, "the reaper did not unload the idle model"
+    r = taken[0]
+    try:
+        assert mgr.resident.get(r.name) is r  # what the acquire got is still registered, so not closed
+        out = r.backend.generate(None, "Hi", GenParams(max_tokens=2, temperature=0), lambda s: None, threading.Event())
+        assert out.completion_tokens > 0
+        assert mgr.reap(now=time.time() + 3600) == []  # busy: skipped
+    finally:
+        mgr.release(r)
+    assert mgr.reap(now=time.time() + 3600) == [DEFAULT_MODEL]
+
+
+def test_unload_waits_for_the_running_request_and_eviction_skips_busy_models(env: Any) -> None:
+    mgr = manager(state_of(env))
+    mgr.settings.infer_max_resident = 1
+    r = mgr.acquire(DEFAULT_MODEL)
+    try:
+        from gpubox.errors import CapacityError
+
+        with pytest.raises(CapacityError, match="generating"):
+            mgr.load("smollm2-copy", context_length=256)  # the only resident model is busy: not evicted
+        done: list[bool] = []
+        t = threading.Thread(target=lambda: done.append(mgr.unload(DEFAULT_MODEL).unloaded))
+        t.start()
+        t.join(timeout=1.0)
+        assert not done and t.is_alive()  # waiting for our request
+        out = r.backend.generate(None, "Hi", GenParams(max_tokens=2, temperature=0), lambda s: None, threading.Event())
+        assert out.completion_tokens > 0
+    finally:
+        mgr.release(r)
+    t.join(timeout=60)
+    assert done == [True] and DEFAULT_MODEL not in mgr.resident
+
+
+async def test_an_exception_in_transformers_generate_reaches_the_caller_and_the_model_unloads(env: Any) -> None:
+    torch = pytest.importorskip("torch", reason="needs gpubox[hf]")
+    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    mgr = manager(state_of(env))
+    async with Client(env) as client:
+        await ok(client, "infer_load", name="smollm2-copy", backend="transformers", context_length=256)
+        model = mgr.resident["smollm2-copy"].backend.model  # type: ignore[union-attr]
+        for exc, expect in (
+            (RuntimeError("boom in generate"), "transformers generation failed: RuntimeError: boom in generate"),
+            (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "out of memory while generating"),
+        ):
+
+            def failing(*args: Any, _exc: BaseException = exc, **kwargs: Any) -> Any:
+                raise _exc
+
+            model.generate = failing
+            with anyio.fail_after(300):  # before the fix the reader waited for the dead thread forever
+                result = await client.call_tool(
+                    "infer_complete", {"model": "smollm2-copy", "prompt": "Hi", "max_tokens": 8}
+                )
+            assert result.is_error
+            assert expect in result.content[0].text  # type: ignore[union-attr]
+        assert mgr.resident["smollm2-copy"].busy == 0
+        unloaded = await ok(client, "infer_unload", name="smollm2-copy")
+        assert unloaded["unloaded"] and "smollm2-copy" not in mgr.resident
