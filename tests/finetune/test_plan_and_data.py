@@ -116,8 +116,9 @@ async def test_the_plan_summarises_the_dataset_and_picks_the_batch_for_this_devi
     assert plan["request"]["method"] == "lora" and plan["request"]["learning_rate"] == 2e-3
     micro, accum = plan["per_device_train_batch_size"], plan["gradient_accumulation_steps"]
     assert plan["total_steps"] == -(-48 // (micro * accum))
+    assert plan["estimate"]["results"] and plan["estimated_memory_gb"] > 0 and plan["estimated_tokens_per_s"] > 0
     if not has_gpu():
-        assert plan["device"] == "cpu" and micro == 4
+        assert plan["device"] == "cpu" and micro == 4 and "cpu" in plan["batch_source"]
     truncated = short.structured_content
     assert truncated["dataset"]["truncated_rows"] == 48
     assert any("longer than max_length 16" in w for w in truncated["warnings"])

@@ -142,7 +142,17 @@ def layout(
 def _needs_gc(est_result: Any) -> bool:
     without = getattr(est_result, "without_checkpointing", None) or []
     micro = getattr(est_result, "micro_batch", None)
-    return not any(getattr(c, "micro_batch", 0) == micro and getattr(c, "fits", False) for c in without)
+    return not any(c.micro_batch == micro and c.status == "fits" for c in without)
+
+
+def memory_at(est_result: Any, micro: int) -> float | None:
+    """The planner's memory total at the micro-batch actually chosen (which may be below its own choice)."""
+    if est_result is None:
+        return None
+    for c in getattr(est_result, "candidates", None) or []:
+        if c.micro_batch == micro:
+            return c.total_gb
+    return est_result.memory.total_gb if est_result.micro_batch == micro else None
 
 
 def estimate_or_warning(

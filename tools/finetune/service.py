@@ -81,7 +81,6 @@ class Finetuner:
             req = req.model_copy(update={"num_processes": 1})
         est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
-        memory = getattr(on, "memory", None)
         plan = FinetunePlan(
             plan_id=uuid.uuid4().hex[:12],
             request=req,
@@ -93,7 +92,7 @@ class Finetuner:
             gradient_checkpointing=gc_on,
             total_steps=steps,
             batch_source=why,
-            estimated_memory_gb=getattr(memory, "total_gb", None),
+            estimated_memory_gb=planner.memory_at(on, micro),
             estimated_tokens_per_s=getattr(on, "tokens_per_s", None),
             estimated_hours=getattr(on, "wall_hours", None),
             estimate=est.model_dump(mode="json") if est is not None and hasattr(est, "model_dump") else None,
