@@ -3,8 +3,9 @@
 #   1. install everything into .venv (scripts/install.sh) and lint with ruff;
 #   2. the full test suite in .venv (arguments go to this pytest run, e.g. `./scripts/test.sh -k search`);
 #   3. pyright (standard mode) on the package as installed (scripts/typecheck.sh);
-#   4. the suite again on Python 3.13 in .venv313 with a core-only install (`.[dev]`, no torch): tests that
-#      need an extra must skip there with a reason, so this proves a minimal install runs green.
+#   4. the fast tests and the transport tests again on Python 3.13 in .venv313 with a core-only install
+#      (`.[dev]`, no torch): tests that need an extra skip there with a reason, so this proves a minimal
+#      install runs green.
 # Set GPUBOX_SKIP_TYPECHECK=1 or GPUBOX_SKIP_PY313=1 to leave a stage out locally (CI runs all of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +54,10 @@ if [ "${GPUBOX_SKIP_PY313:-0}" != 1 ]; then
             echo "test.sh: .venv313 must stay core-only but has torch; remove .venv313 and rerun" >&2
             exit 1
         fi
-        run_pytest ".venv313" .venv313/bin/python
+        # Fast tests plus the real transports (stdio/HTTP/SSE subprocesses, where interpreter changes show);
+        # the other slow tests load models or index code, which needs extras .venv313 does not have.
+        run_pytest ".venv313 (not slow)" .venv313/bin/python -m "not slow"
+        run_pytest ".venv313 (transports)" .venv313/bin/python tests/test_transports.py
     fi
 fi
 stage "all checks passed"
