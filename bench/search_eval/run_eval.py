@@ -68,7 +68,9 @@ async def index_corpus(client: Client, name: str, root: Path, log: Callable[[str
     t0, last = time.monotonic(), ""
     while True:
         lst = await client.call_tool("search_list", {})
-        info = next(i for i in (lst.structured_content or {})["indexes"] if i["name"] == name)
+        info = next((i for i in (lst.structured_content or {})["indexes"] if i["name"] == name), None)
+        if info is None:
+            raise RuntimeError(f"search_list does not show index {name!r} after search_index started it")
         if info["state"] != "indexing":
             break
         prog = info.get("progress") or {}
