@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -41,7 +42,6 @@ class Finetuner:
         for d in (self.plans_dir, self.adapters_dir, self.base_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         # set by the adapter: records a finished job's measured memory and tokens/s as an estimator calibration
         self.calibrate: Callable[[dict[str, Any]], str] | None = None
 
@@ -173,17 +173,13 @@ class Finetuner:
                 env=env,
                 start_new_session=True,  # its own process group: survives the server, cancel signals the group
             )
-        self._procs[job_id] = proc
         self.store.set_process(job_id, proc.pid)
+        # reap the child when it exits (no zombie); the thread also keeps the Popen referenced, so a server that
+        # stops while the job trains on does not warn about a child still running
+        threading.Thread(target=proc.wait, name=f"finetune-reaper-{job_id}", daemon=True).start()
 
     # --- status ---------------------------------------------------------------------------------
-    def _reap(self) -> None:
-        for jid, p in list(self._procs.items()):
-            if p.poll() is not None:
-                del self._procs[jid]
-
     def row(self, job_id: str) -> dict[str, Any]:
-        self._reap()
         row = self.store.reconcile(job_id)
         if row is None:
             raise NotFoundError(f"no fine-tuning job '{job_id}'; finetune_list shows the jobs")
@@ -267,7 +263,6 @@ class Finetuner:
             os.killpg(row["pid"], signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and alive(row["pid"], row["pid_started"]):
-            self._reap()
             time.sleep(0.5)
         return self.status(job_id)
 
@@ -287,7 +282,7 @@ class Finetuner:
         return self.status(job_id)
 
     def close(self) -> None:
-        self._reap()  # workers are detached on purpose: they keep training when the server stops
+        """Nothing to stop: workers are detached on purpose and keep training when the server stops."""
 
 
 def _installed(module: str) -> bool:
