@@ -16,6 +16,7 @@ from mcp import Client
 
 from gpubox.app import build_server
 from gpubox.settings import Settings
+from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.service import Estimator
 
 OUT = Path(__file__).resolve().parent / "results" / "estimate_speed.md"
@@ -45,7 +46,7 @@ def main() -> None:
             if tool == "estimate_inference":
                 est.inference(**args)
             else:
-                est.training(**args)
+                est.training(TrainingRequest(**args))  # type: ignore[arg-type]
             core.append((time.perf_counter() - t) * 1000)
 
         async def via_mcp(tool: str = tool, args: dict[str, object] = args) -> list[float]:
@@ -60,6 +61,7 @@ def main() -> None:
 
         mcp_ms = anyio.run(via_mcp)
         rows.append((label, statistics.median(core), statistics.median(mcp_ms)))
+    est.close()
     lines = [
         f"# Estimator speed ({ns.reps} reps, 2-core CPU, {time.strftime('%Y-%m-%d')})",
         "",

@@ -121,8 +121,11 @@ def test_every_calibration_connection_is_closed(tmp_path: Path, monkeypatch: pyt
     store.record_device("A10", 500.0, {"bf16": 100.0})
     assert store.list() and store.latest_device("A10") is not None and store.best("inference", "A10", "tokens_per_s")
     store.close()
-    assert len(TrackedConnection.opened) >= 6
+    assert len(TrackedConnection.opened) == 1  # one connection per store, not one per call
     assert all(c.closed for c in TrackedConnection.opened)
+    assert store.list()[0].model == "Llama-3-8B"  # a closed store reopens on use
+    store.close()
+    assert len(TrackedConnection.opened) == 2 and all(c.closed for c in TrackedConnection.opened)
 
 
 # --- measured device profiles ------------------------------------------------------------------------

@@ -69,11 +69,11 @@ class InferenceOnGpu(BaseModel):
     prefill_mfu: float
     costs_per_million_tokens: list[ProviderCost]
     cheapest_usd_per_million_tokens: float | None = None
-    quoted_tokens_per_s: float | None = Field(None, description="The caller's quoted decode speed, when given")
+    quoted_tokens_per_s: float | None = Field(default=None, description="The caller's quoted decode speed, when given")
     quoted_verdict: Literal["plausible", "above_bandwidth_ceiling", "does_not_fit"] | None = Field(
-        None, description="How the quoted speed compares with what this GPU can physically do"
+        default=None, description="How the quoted speed compares with what this GPU can physically do"
     )
-    spec_source: str = Field("catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
+    spec_source: str = Field(default="catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
 
 
 class InferenceEstimate(BaseModel):
@@ -129,8 +129,10 @@ class TrainingOnGpu(BaseModel):
     costs: list[ProviderCost] = Field(description="Empty when the run length is unknown")
     electricity_usd: float | None = Field(description="Local power: TDP x hours x GPUs x $/kWh; null if unknown")
     calibration: str | None = None
-    gradient_checkpointing: bool = Field(True, description="Whether this plan uses checkpointing ('auto' resolved)")
-    spec_source: str = Field("catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
+    gradient_checkpointing: bool = Field(
+        default=True, description="Whether this plan uses checkpointing ('auto' resolved)"
+    )
+    spec_source: str = Field(default="catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
 
 
 class TrainingEstimate(BaseModel):

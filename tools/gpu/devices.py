@@ -68,13 +68,13 @@ class NvmlFacts(BaseModel):
     sm_count: int | None = None
     max_sm_clock_mhz: int | None = None
     boost_sm_clock_mhz: int | None = Field(
-        None,
+        default=None,
         description="Rated boost clock (customer boost, else default application clock); GeForce max clocks "
         "run far above the rating (RTX 4090: 3105 MHz max vs 2520 MHz boost)",
     )
     compute_capability: tuple[int, int] | None = None
     power_limit_w: float | None = None
-    cuda_index: int | None = Field(None, description="Index under CUDA_VISIBLE_DEVICES, when CUDA would see it")
+    cuda_index: int | None = Field(default=None, description="Index under CUDA_VISIBLE_DEVICES, when CUDA would see it")
 
 
 class DerivedSpec(BaseModel):
