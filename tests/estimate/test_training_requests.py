@@ -105,6 +105,19 @@ async def test_optimizer_state_follows_the_transformers_optim_name(
     assert got == pytest.approx(bytes_per_param * est["trainable_params"] / 1e9, abs=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"per_device_train_batch_size": 0}, "per_device_train_batch_size"),
+        ({"per_device_train_batch_size": -4}, "between 1 and 4096"),
+        ({"lora_target_modules": []}, "lora_target_modules"),
+    ],
+)
+async def test_out_of_range_request_fields_are_clear_errors(client: Client, args: dict[str, Any], words: str) -> None:
+    result = await client.call_tool("estimate_training", {"model": "Mistral-7B", "gpu": "A10", **args})
+    assert result.is_error and words in result.content[0].text  # type: ignore[union-attr]
+
+
 async def test_an_unknown_optim_is_refused_with_the_valid_names(client: Client) -> None:
     result = await client.call_tool("estimate_training", {"model": "Mistral-7B", "optim": "adam"})
     assert result.is_error and "paged_adamw_8bit" in result.content[0].text  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Method = Literal["full", "lora", "qlora"]
 # transformers' `optim` names (TrainingArguments.optim) that the planner knows the state size of.
@@ -80,3 +80,17 @@ class TrainingRequest(BaseModel):
     tokens_per_s: float | None = Field(
         default=None, gt=0, description="A quoted training throughput to use for time/cost; checked for plausibility"
     )
+
+    @field_validator("per_device_train_batch_size")
+    @classmethod
+    def _batch_in_range(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and not 1 <= v <= 4096:
+            raise ValueError(f"must be between 1 and 4096, 'auto' or null; got {v}")
+        return v
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _targets_listed(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(v, list) and (not v or len(v) > 64 or any(not t or len(t) > 100 for t in v)):
+            raise ValueError("give 1 to 64 module names (e.g. ['q_proj', 'v_proj']), 'all-linear' or null")
+        return v
