@@ -6,9 +6,9 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from gpubox.resources import bench, estimate, finetune, gpu, inference, search
+from gpubox.resources import bench, box, estimate, finetune, gpu, inference, search
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu, estimate, search, inference, finetune, bench):
+    for module in (gpu, box, estimate, search, inference, finetune, bench):
         module.register(mcp)
