@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError
 from gpubox.tools.search import vectors
@@ -141,6 +142,9 @@ def run_index(
         per_file.append(((rel, digest, len(data), lang), chunks))
     removed = [p for p in known if p not in seen]
     if not per_file and not removed:
+        if (meta.get("run") or {}).get("state") == "running":  # an interrupted run whose files are all committed
+            with store.transaction() as db:
+                store.set_meta(db, run={**meta["run"], "state": "complete", "finished": time.time()})
         progress.phase = "ready"
         files, chunks = store.counts()
         return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, langs)
@@ -263,7 +267,7 @@ def _commit(
     gen: int,
     *,
     files: list[tuple[str, str, int, str]],
-    rows: list[tuple[object, ...]],
+    rows: list[tuple[Any, ...]],
     delete: list[str],
     dim: int,
     ann_threshold: int,
