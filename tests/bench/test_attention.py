@@ -7,6 +7,7 @@ import io
 import json
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 from mcp import Client
@@ -140,3 +141,35 @@ async def test_causal_forward_and_backward_count_half_then_two_and_a_half_times_
     assert data["causal"] and data["backward"] and row["within_tolerance"]
     expected = 4 * 1 * 2 * 64 * 64 * 16 / 2 * 2.5 / (row["time_ms"] * 1e-3) / 1e12
     assert row["tflops"] == pytest.approx(expected, rel=2e-3)
+
+
+def bench_workers() -> list[psutil.Process]:
+    procs = psutil.Process().children(recursive=True)
+    return [p for p in procs if "gpubox.tools.bench.worker" in " ".join(p.cmdline())]
+
+
+async def test_while_a_benchmark_runs_the_server_answers_and_a_second_one_is_refused(bench_client: Client) -> None:
+    long_run = {**SMALL, "seq_len": 4096, "head_dim": 512, "heads": 8, "iterations": 1000, "time_limit_s": 120}
+    results: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            results.append(await bench_client.call_tool("bench_attention", long_run))
+
+        tg.start_soon(first)
+        with anyio.fail_after(60):
+            while not bench_workers():
+                await anyio.sleep(0.1)
+        listed = await bench_client.call_tool("bench_list", {})  # answered while the worker computes
+        assert not listed.is_error and not results
+        second = await bench_client.call_tool("bench_attention", SMALL)
+        assert second.is_error and "another benchmark (attention) is running" in str(second.content[0])
+        tg.cancel_scope.cancel()  # the client gives up: the server cancels the call and kills the worker
+    with anyio.fail_after(30):
+        while bench_workers():
+            await anyio.sleep(0.1)
+    assert results == []
+    data, _ = await call(bench_client, "bench_list", {})
+    assert all(r["run_id"] for r in data["runs"])
+    data, _ = await call(bench_client, "bench_attention", {**SMALL, "head_dim": 16})  # the lock was released
+    assert data["status"] == "complete"

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 
 from gpubox.errors import BusyError, InvalidInputError, MissingExtraError, NotFoundError
+from gpubox.extras import is_available
 from gpubox.settings import Settings
 from gpubox.state import AppState
 from gpubox.tools.bench import plots
@@ -86,6 +87,8 @@ class BenchService:
         progress: Progress | None,
         total: float | None,
     ) -> WorkerOutcome:
+        if not is_available("torch"):
+            raise MissingExtraError("Device benchmarks", "bench", "torch")
         await self._admit(state, task)
         done = 0
 
