@@ -121,19 +121,22 @@ def gpu_status(nv: ModuleType | Any | None = None) -> GpuStatus:
             available=False,
             reason="nvidia-ml-py is not installed (pip install 'gpubox[gpu]')",
             host=host,
+            session=None,  # the gpu adapter adds the session meter
         )
     with _init_lock:  # nvmlInit/Shutdown are reference counted, but not safe to race
         try:
             nv.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            return GpuStatus(available=False, reason=f"NVML unavailable: {exc} (no NVIDIA driver/GPU?)", host=host)
+            return GpuStatus(
+                available=False, reason=f"NVML unavailable: {exc} (no NVIDIA driver/GPU?)", host=host, session=None
+            )
         try:
             count = nv.nvmlDeviceGetCount()
             driver = _try(nv.nvmlSystemGetDriverVersion)
             cuda = _try(nv.nvmlSystemGetCudaDriverVersion_v2) or _try(nv.nvmlSystemGetCudaDriverVersion)
             gpus = [_device(nv, i) for i in range(count)]
         except Exception as exc:
-            return GpuStatus(available=False, reason=f"NVML query failed: {exc}", host=host)
+            return GpuStatus(available=False, reason=f"NVML query failed: {exc}", host=host, session=None)
         finally:
             _try(nv.nvmlShutdown)
     return GpuStatus(
@@ -143,4 +146,5 @@ def gpu_status(nv: ModuleType | Any | None = None) -> GpuStatus:
         cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None,
         gpus=gpus,
         host=host,
+        session=None,  # the gpu adapter adds the session meter
     )
