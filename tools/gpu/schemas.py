@@ -80,4 +80,6 @@ class GpuStatus(BaseModel):
     cuda_driver_version: str | None = None
     gpus: list[GpuDevice] = Field(default_factory=list)
     host: HostInfo
-    session: SessionInfo | None = Field(default=None, description="This server session's cost and GPU use (rented boxes)")
+    session: SessionInfo | None = Field(
+        default=None, description="This server session's cost and GPU use (rented boxes)"
+    )
