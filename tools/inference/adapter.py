@@ -43,8 +43,9 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Models")
     def infer_models(ctx: Context) -> ModelList:
         """Models that can be run: the bundled SmolLM2-135M GGUF, GGUF files and HF folders in the model dirs, and
-        LoRA adapters; with architecture, parameters, quantisation, context, size, chat template, and where each
-        loaded one runs (device, memory). Load with infer_load or just call infer_chat."""
+        LoRA adapters (also those fine-tuning saved); with architecture, parameters, quantisation, context, size,
+        chat template, where each loaded one runs (device, memory), and `problem` when a file cannot be read.
+        Load with infer_load or just call infer_chat."""
         return manager(app_state(ctx)).list()
 
     @gpubox_tool(mcp, annotations=WRITES, title="Load a model")
