@@ -31,7 +31,7 @@ from gpubox.tools.search.store import IndexStore
 OLD_WEIGHTS = {k: {"symbol": 2.0, "lexical": 1.0, "vector": 1.0, "phrase": 0.0} for k in ("symbol", "mixed", "nl")}
 # the ranking before this stage: equal-weight RRF + symbol x2, no rules (the symbol leg then also fired on words)
 BEFORE = replace(
-    DEFAULT, weights=OLD_WEIGHTS, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1,
+    DEFAULT, rrf_k=60, weights=OLD_WEIGHTS, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1,
     dedupe=False,
 )  # fmt: skip
 

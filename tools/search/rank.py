@@ -9,9 +9,9 @@ of bench/search_eval and each rule's effect is measured there (bench/results/sea
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import PurePosixPath
 from typing import Literal
 
 from gpubox.tools.search.store import CAMEL, ChunkRow
@@ -133,6 +133,7 @@ def fuse(lists: dict[str, list[tuple[int, float]]], profile: QueryProfile, cfg: 
     return sorted(fused.values(), key=lambda s: -s.score)
 
 
+@functools.lru_cache(maxsize=8192)
 def path_penalty(path: str) -> bool:
     p = path.replace("\\", "/")
     return bool(
@@ -184,8 +185,8 @@ def stem_share(path: str, words: tuple[str, ...]) -> float:
     """Share of the query's words that name the file or its folder (md_docs.go for 'markdown docs')."""
     if not words:
         return 0.0
-    pp = PurePosixPath(path)
-    parts = set(_parts(pp.stem)) | set(_parts(pp.parent.name))
+    folders = path.replace("\\", "/").split("/")
+    parts = set(_parts(folders[-1].split(".")[0])) | (set(_parts(folders[-2])) if len(folders) > 1 else set())
     if not parts:
         return 0.0
     return sum(1 for w in words if any(_covers(w, p) for p in parts)) / len(words)
@@ -201,6 +202,7 @@ def rerank(
     top = max(s.score for s in cands)
     out = [Scored(s.id, s.score, list(s.sources)) for s in cands]
     any_def = any(rows[s.id].kind in DEFINITION_KINDS for s in out)
+    stems: dict[str, float] = {}  # per file, not per chunk: ~100 candidates share a handful of paths
     for s in out:
         r = rows[s.id]
         bonus = 0.0
@@ -210,8 +212,9 @@ def rerank(
             share = name_share(r.symbol, profile.words)
             bonus += cfg.name_match * top * share if share >= 0.5 else 0.0
         if cfg.stem and profile.kind != "symbol":
-            share = stem_share(r.path, profile.words)
-            bonus += cfg.stem * top * share
+            if r.path not in stems:
+                stems[r.path] = stem_share(r.path, profile.words)
+            bonus += cfg.stem * top * stems[r.path]
         s.score += bonus
         if any_def and r.kind not in DEFINITION_KINDS:
             s.score *= cfg.mention
