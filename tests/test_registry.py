@@ -103,9 +103,7 @@ async def test_other_gpubox_errors_in_a_resource_keep_their_message_and_crashes_
 @requires_search
 @requires_models
 @pytest.mark.slow
-async def test_reading_an_unknown_index_names_it_and_the_indexes_that_exist(
-    settings: Settings, tmp_path: Path
-) -> None:
+async def test_reading_an_unknown_index_names_it_and_the_indexes_that_exist(settings: Settings, tmp_path: Path) -> None:
     repo = settings.allowed_roots[0]
     (repo / "hello.py").write_text("def hello():\n    return 'hi'\n")
     mcp = build_server(settings.model_copy(update={"search_index_wait_seconds": 300.0}))
