@@ -179,3 +179,50 @@ async def test_gpu_status_and_box_session_carry_the_meter(tmp_path: Path) -> Non
             assert "box://session" in str(prompt.messages[0].content)
     finally:
         mcp.state.close()
+
+
+def test_ticks_credit_minutes_to_the_work_a_family_reports(tmp_path: Path) -> None:
+    clock = Clock()
+    meter = SessionMeter(_settings(tmp_path), clock=clock, sample=False)
+    running = {"finetune": True}
+    meter.add_probe("finetune", lambda: running["finetune"])
+    clock.t += 120
+    meter.tick()
+    running["finetune"] = False
+    clock.t += 600
+    meter.tick()
+    uses = {u.kind: u for u in meter.report().uses}
+    assert uses["finetune"].wall_minutes == pytest.approx(2.0)
+    assert not uses["finetune"].active
+
+
+@pytest.mark.requires_search
+@pytest.mark.requires_models
+@pytest.mark.anyio
+async def test_a_real_indexing_run_shows_up_in_the_session_meter(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for i in range(40):
+        (repo / f"m{i}.py").write_text(f"def handler_{i}(x):\n    return x * {i}\n")
+    mcp = build_server(_settings(tmp_path, session_sample_seconds=0.5, search_index_wait_seconds=0))
+    meter = mcp.state.service("session", SessionMeter)
+    try:
+        async with Client(mcp) as client:
+            await client.call_tool("search_index", {"path": str(repo), "name": "repo"})
+            svc = mcp.state.peek("search")
+            assert svc is not None
+            for progress in list(svc._jobs.values()):
+                await anyio_wait(progress.done)
+        meter.tick()
+        indexing = next(u for u in meter.report().uses if u.kind == "indexing")
+        # the ticker (every 0.5 s) saw the run, which loads a model and embeds for seconds
+        assert indexing.wall_minutes > 0
+        assert not indexing.active
+    finally:
+        mcp.state.close()
+
+
+async def anyio_wait(event: object) -> None:
+    import anyio
+
+    await anyio.to_thread.run_sync(event.wait, 300)  # type: ignore[attr-defined]

@@ -19,6 +19,33 @@ def session_meter(state: AppState) -> SessionMeter:
     return state.service("session", SessionMeter)
 
 
+def _indexing(state: AppState) -> bool:
+    svc = state.peek("search")
+    jobs = dict(getattr(svc, "_jobs", {}) or {})
+    return any(not p.done.is_set() for p in jobs.values())
+
+
+def _finetuning(state: AppState) -> bool:
+    # Lazy: the job store is read only when a job database exists (a job may outlive a server restart).
+    from gpubox.tools.bench.service import active_finetune_jobs
+
+    return bool(active_finetune_jobs(state.settings))
+
+
+def _inferring(state: AppState) -> bool:
+    from gpubox.tools.bench.service import busy_inference
+
+    return bool(busy_inference(state))
+
+
+def wire_probes(state: AppState, meter: SessionMeter) -> None:
+    """Minutes per kind of work come from each family's own state, read by the meter's ticker."""
+    meter.add_probe("inference", lambda: _inferring(state))
+    meter.add_probe("indexing", lambda: _indexing(state))
+    meter.add_probe("finetune", lambda: _finetuning(state))
+    meter.add_probe("benchmark", lambda: getattr(state.peek("bench"), "active", None) is not None)
+
+
 def status_with_session(state: AppState | None) -> GpuStatus:
     status = read_gpu_status()
     if state is not None:
@@ -40,6 +67,7 @@ def register(mcp: MCPServer[Any]) -> None:
     state: AppState | None = getattr(mcp, "state", None)
     if state is not None:
         meter = session_meter(state)
+        wire_probes(state, meter)
         if state.settings.idle_shutdown_minutes is not None:
             state.service("idle_guard", lambda s: IdleGuard(meter, s)).start()
     mcp.middleware.append(_RequestMeter())

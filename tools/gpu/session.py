@@ -108,24 +108,33 @@ class SessionMeter:
         self._thread: threading.Thread | None = None
         self._price: PriceInfo | None = None
         self._nv: Any = None  # set once nvmlInit succeeded, so close() can balance it
-        nv = load_pynvml() if sample else None
+        self._handles: list[Any] = []
+        self._last_tick = self.started_at
+        if sample:
+            self._open_nvml()
+            # One cheap ticker: polls the families' probes (minutes per kind of work) and NVML utilisation.
+            self._thread = threading.Thread(target=self._tick_loop, name="gpubox-session", daemon=True)
+            self._thread.start()
+        else:
+            self._samples.reason = "sampling off"
+
+    def _open_nvml(self) -> None:
+        nv = load_pynvml()
         if nv is None:
-            self._samples.reason = "nvidia-ml-py is not installed" if sample else "sampling off"
+            self._samples.reason = "nvidia-ml-py is not installed"
             return
         try:
             nv.nvmlInit()
-            count = nv.nvmlDeviceGetCount()
-            names = [nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-            self._samples.gpu_names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
             self._nv = nv
+            count = nv.nvmlDeviceGetCount()
+            self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            names = [nv.nvmlDeviceGetName(h) for h in self._handles]
+            self._samples.gpu_names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         except Exception as exc:  # no driver / no GPU: data, not an error
             self._samples.reason = f"NVML unavailable: {exc}"
             return
-        if not count:
+        if not self._handles:
             self._samples.reason = "no GPU visible to NVML"
-            return
-        self._thread = threading.Thread(target=self._sample_loop, args=(nv, count), name="gpubox-session", daemon=True)
-        self._thread.start()
 
     # --- inputs ---------------------------------------------------------------------------------
     def touch(self, session: Any = None) -> None:
@@ -180,13 +189,34 @@ class SessionMeter:
         return sorted(kinds)
 
     # --- GPU sampling ---------------------------------------------------------------------------
-    def _sample_loop(self, nv: Any, count: int) -> None:
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    def _tick_loop(self) -> None:
         while not self._stop.wait(self.settings.session_sample_seconds):
             try:
-                util = sum(nv.nvmlDeviceGetUtilizationRates(h).gpu for h in handles) / len(handles)
+                self.tick()
+            except Exception:  # the meter must never take the server down
+                log.debug("session meter tick failed", exc_info=True)
+
+    def tick(self) -> None:
+        """Credit the time since the last tick to work the probes report, then sample NVML utilisation."""
+        now = self.clock()
+        with self._lock:
+            dt, self._last_tick = now - self._last_tick, now
+            probes = list(self._probes.items())
+        for kind, probe in probes:
+            try:
+                running = probe()
             except Exception:
                 continue
+            if running and dt > 0:
+                with self._lock:
+                    use = self._uses.setdefault(kind, _Use())
+                    if not use.active:  # begin()/end() already time it otherwise
+                        use.wall_s += dt
+        if self._handles and self._nv is not None:
+            try:
+                util = sum(self._nv.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles) / len(self._handles)
+            except Exception:
+                return
             self.record_sample(util)
 
     def record_sample(self, util_pct: float) -> None:
