@@ -53,9 +53,9 @@ class QueryProfile:
 
 def is_identifier(token: str) -> bool:
     t = token.removesuffix("()")
-    return bool(
-        _SNAKE.match(t) or _INNER_CAP.search(t) or "." in t or "::" in t or "->" in t or t != token
-    ) and any(c.isalpha() for c in t)
+    return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or "." in t or "::" in t or "->" in t or t != token) and any(
+        c.isalpha() for c in t
+    )
 
 
 def classify(query: str) -> QueryProfile:
