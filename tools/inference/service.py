@@ -8,7 +8,7 @@ import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psutil
@@ -20,6 +20,7 @@ from gpubox.tools.inference.manager import ModelManager, Resident
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+T = TypeVar("T")
 FILLER = "The quick brown fox jumps over the lazy dog while the GPU box answers questions about code. "
 
 
@@ -39,8 +40,8 @@ async def generate(
     """
     if params.json_schema is not None:  # refuse a schema with no valid output before loading anything
         await anyio.to_thread.run_sync(check_schema, params.json_schema)
-    with anyio.CancelScope(shield=True):  # a cancel must not lose an acquired model (it would stay busy forever)
-        r: Resident = await anyio.to_thread.run_sync(mgr.acquire, model)
+    # a cancel must not lose an acquired model (it would stay busy forever)
+    r: Resident = await shielded(mgr.acquire, model)
     pieces: queue.SimpleQueue[str] = queue.SimpleQueue()
     cancel = threading.Event()
     box: dict[str, Any] = {}
@@ -110,6 +111,13 @@ async def generate(
     )
 
 
+async def shielded(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a worker thread, finished even if the caller is cancelled meanwhile."""
+    with anyio.CancelScope(shield=True):
+        return await anyio.to_thread.run_sync(fn, *args)
+    raise AssertionError("unreachable: a shielded scope is not cancelled")  # for the type checker
+
+
 def iter_queue(q: queue.SimpleQueue[str]) -> list[str]:
     out = []
     while True:
@@ -149,8 +157,7 @@ async def benchmark(
         finally:
             mgr.release(r)
 
-    with anyio.CancelScope(shield=True):
-        r, words = await anyio.to_thread.run_sync(prepare)
+    r, words = await shielded(prepare)
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
     results: list[GenerationResult] = []
     latencies: list[float] = []
