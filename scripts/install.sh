@@ -6,8 +6,28 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/pip install -q -c constraints.txt "torch==2.13.0"
-# llama-cpp-python has no wheel on PyPI: pip compiles it once (~6 min) and reuses its cached wheel after.
-# LLAVA off skips the multimodal library we do not use (about a third of the build).
-export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
+
+# llama-cpp-python has no wheel on PyPI: we compile it once and keep the wheel in a cache keyed by the build
+# flags (pip's own wheel cache ignores CMAKE_ARGS, so a wheel built with other flags would be reused silently).
+# Default flags: no -march=native. A native build on CPUs that advertise AMX compiles ggml's AMX kernels, and
+# under some hypervisors those fault (SIGSEGV/general protection) on the first prompt of more than a few
+# tokens; AVX2/FMA/F16C is portable to every x86-64 machine of the last decade. LLAVA off skips the
+# multimodal library we do not use (about a third of the build). Set CMAKE_ARGS to build differently (e.g.
+# "-DGGML_CUDA=on" on a GPU box).
+LLAMA_VERSION="$(sed -n 's/^llama-cpp-python==//p' constraints.txt)"
+DEFAULT_CMAKE="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+[ "$(uname -m)" = "x86_64" ] || DEFAULT_CMAKE="-DLLAVA_BUILD=OFF"
+export CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE}"
+key="$(printf '%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_ARGS" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" \
+    | sha256sum | cut -c1-16)"
+wheels="${GPUBOX_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpubox/wheels}/llama-$key"
+if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "compiling llama-cpp-python $LLAMA_VERSION ($CMAKE_ARGS); about 10 minutes on 2 cores, once" >&2
+    mkdir -p "$wheels.tmp"
+    .venv/bin/pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+        -w "$wheels.tmp" "llama-cpp-python==$LLAMA_VERSION"
+    rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+fi
+.venv/bin/pip install -q --no-deps --force-reinstall "$wheels"/llama_cpp_python-*.whl
 .venv/bin/pip install -q -c constraints.txt -e ".[all,dev]"
 echo "gpubox installed in $(pwd)/.venv" >&2

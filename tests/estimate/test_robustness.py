@@ -156,6 +156,18 @@ async def test_a_measured_device_profile_replaces_catalog_peaks_and_says_so(clie
     assert listed["devices"][0]["id"] == prof.id and listed["devices"][0]["tflops"]["bf16"] == 700.0
 
 
+async def test_a_cpu_profile_measured_in_fp32_sets_the_cpu_compute_rate(client: Client, server: object) -> None:
+    # a CPU has no bf16 matrix units: bench_device records fp32/fp64 GFLOPS, and fp32 is the rate to use
+    args = {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "cpu", "context_length": 2048}
+    before = (await client.call_tool("estimate_inference", args)).structured_content
+    assert before is not None
+    estimator(state_of(server)).record_device("cpu", 20.0, {"fp32": 0.5, "fp64": 0.25})  # type: ignore[arg-type]
+    after = (await client.call_tool("estimate_inference", args)).structured_content
+    assert after is not None
+    assert after["results"][0]["prefill_tokens_per_s"] != before["results"][0]["prefill_tokens_per_s"]
+    assert any("fp32 matrix 0.5 TFLOPS measured on this box" in a for a in after["assumptions"])
+
+
 async def test_a_device_profile_with_a_bad_figure_is_refused(server: object) -> None:
     with pytest.raises(InvalidInputError, match="positive"):
         estimator(state_of(server)).record_device("A10", -1.0, {})  # type: ignore[arg-type]

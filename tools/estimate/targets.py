@@ -143,7 +143,9 @@ def with_measured(t: Target, store: CalibrationStore | None, dtype: str = "bf16"
     if prof.memory_bandwidth_gbs:
         update["bandwidth_gbs"] = prof.memory_bandwidth_gbs
         parts.append(f"memory bandwidth {prof.memory_bandwidth_gbs:g} GB/s")
-    for key in (dtype, "bf16", "fp16"):
+    # a device without bf16/fp16 matrix units (a CPU, older GPUs) computes in fp32: its fp32 rate is the one
+    keys = (dtype, "bf16", "fp16") if t.spec.bf16_supported else (dtype, "bf16", "fp16", "fp32")
+    for key in keys:
         if key in prof.tflops:
             update["bf16_tflops"] = prof.tflops[key]
             parts.append(f"{key} matrix {prof.tflops[key]:g} TFLOPS")

@@ -8,6 +8,8 @@ from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.settings import Settings
 from gpubox.tools.estimate import inference as est_inf
 from gpubox.tools.estimate.catalog import package_catalog
+from gpubox.tools.estimate.targets import local_spec
+from gpubox.tools.gpu.devices import local_gpus
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import Discovered, MetaCache, size_of
 from gpubox.tools.inference.schemas import LoadPlan
@@ -23,7 +25,13 @@ def plan(
     kv_cache_type: str,
 ) -> LoadPlan:
     status = gpu_status()
-    free = status.gpus[0].memory_free_mib * 2**20 / 1e9 if status.gpus else None
+    # Plan on the GPU CUDA will use (its first visible device), matched to NVML by UUID: NVML's index order
+    # and CUDA_VISIBLE_DEVICES' order can differ.
+    visible = local_gpus() if status.gpus else []
+    dev = next((g for g in status.gpus if visible and g.uuid == visible[0].uuid), None)
+    if dev is None and status.gpus and not visible:
+        dev = status.gpus[0]
+    free = dev.memory_free_mib * 2**20 / 1e9 if dev is not None else None
     if d.format != "gguf":
         cfg = meta.json_file(d.path / "config.json")
         max_pos = cfg.get("max_position_embeddings")
@@ -79,7 +87,9 @@ def plan(
             fits=True,
             reason="no GPU visible to NVML: running on the CPU",
         )
-    gpu = package_catalog().gpu(status.gpus[0].name)
+    assert dev is not None  # free is set only when a device was found
+    # NVML-derived spec: GPUs the catalog lacks (an RTX 4070, a B200) are still planned for
+    gpu = local_spec(package_catalog(), uuid=dev.uuid)
     fit = est_inf.estimate_on_gpu(
         shape, wp, gpu, context=ctx, batch=1, kv_type=kv_cache_type, catalog=package_catalog(), available_gb=free
     )

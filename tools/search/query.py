@@ -71,8 +71,8 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
         if len(name) < 3:
             continue
         rows = db.execute(
-            "SELECT id FROM chunks WHERE symbol = ? OR lower(symbol) = lower(?) ORDER BY symbol = ? DESC",
-            (name, name, name),
+            "SELECT id FROM chunks WHERE symbol = ? COLLATE NOCASE ORDER BY symbol = ? DESC",
+            (name, name),
         ).fetchall()
         out.extend(r[0] for r in rows if allowed is None or r[0] in allowed)
     return list(dict.fromkeys(out))

@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS chunks (
 CREATE INDEX IF NOT EXISTS chunks_path ON chunks (path);
 CREATE INDEX IF NOT EXISTS chunks_hash ON chunks (text_hash);
 CREATE INDEX IF NOT EXISTS chunks_symbol ON chunks (symbol);
+-- the symbol leg matches names case-insensitively (parseArgs ~ ParseArgs): without this it scans every chunk
+CREATE INDEX IF NOT EXISTS chunks_symbol_nocase ON chunks (symbol COLLATE NOCASE);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(symbol, path, text, idents, tokenize = 'unicode61');
 """
 
