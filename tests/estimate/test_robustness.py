@@ -98,6 +98,36 @@ async def test_a_broken_config_reaches_the_client_as_a_clear_error(client: Clien
     assert "Traceback" not in text and "ZeroDivisionError" not in text
 
 
+async def test_a_config_json_symlinked_out_of_the_roots_is_not_read(
+    client: Client, settings: Any, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps(GOOD))
+    d = settings.allowed_roots[0] / "linked-model"
+    d.mkdir()
+    (d / "config.json").symlink_to(outside / "config.json")
+    result = await client.call_tool("estimate_inference", {"model": str(d), "gpu": "A10"})
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert result.is_error and "outside" in text.lower() and str(outside) not in text
+    # a dangling link out of the roots gets the same answer: nothing tells whether the target exists
+    (outside / "config.json").unlink()
+    again = await client.call_tool("estimate_inference", {"model": str(d), "gpu": "A10"})
+    assert again.is_error and again.content[0].text == text  # type: ignore[union-attr]
+
+
+async def test_an_outside_path_gets_one_answer_whether_or_not_it_exists(client: Client, tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "config.json").write_text(json.dumps(GOOD))
+    texts = []
+    for p in (real, tmp_path / "missing"):
+        result = await client.call_tool("estimate_inference", {"model": str(p), "gpu": "A10"})
+        assert result.is_error
+        texts.append(result.content[0].text.replace(str(p), "<path>"))  # type: ignore[union-attr]
+    assert texts[0] == texts[1]
+
+
 # --- SQLite ---------------------------------------------------------------------------------------------
 class TrackedConnection(sqlite3.Connection):
     opened: ClassVar[list[TrackedConnection]] = []

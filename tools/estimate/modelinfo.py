@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubox.errors import InvalidInputError, MissingExtraError, NotFoundError
-from gpubox.paths import resolve_inside
+from gpubox.errors import InvalidInputError, MissingExtraError, NotFoundError, UnknownNameError
+from gpubox.paths import open_inside, resolve_inside
 from gpubox.tools.estimate.catalog import Catalog, ModelShape
 from gpubox.tools.estimate.formats import file_type_name
 
@@ -171,19 +172,29 @@ def _file_type(code: Any) -> str | None:
 
 def resolve_model(spec: str, catalog: Catalog, roots: Sequence[Path]) -> ResolvedModel:
     """A catalog name, or a path (inside the allowed roots / model dirs) to a .gguf file or HF folder."""
-    looks_like_path = spec.endswith(".gguf") or ("/" in spec and Path(spec).expanduser().exists())
+    # Whether a path exists must not decide how it is read: that would tell a caller which files exist
+    # outside the roots. Anything path-shaped that is not a catalog name is resolved inside the roots.
+    looks_like_path = spec.endswith(".gguf") or "/" in spec or spec.startswith("~")
     if not looks_like_path:
         return ResolvedModel(shape=catalog.model(spec), source="catalog")
+    if not spec.endswith(".gguf"):
+        with contextlib.suppress(UnknownNameError):
+            return ResolvedModel(shape=catalog.model(spec), source="catalog")
     path = resolve_inside(spec, roots, what="model path")
     if path.is_file() and path.suffix == ".gguf":
         return read_gguf(path)
     cfg = path / "config.json" if path.is_dir() else path
-    if cfg.name != "config.json" or not cfg.is_file():
+    # lstat-based: a symlinked config.json goes to open_inside, which refuses one that leaves the roots
+    # without saying whether its target exists
+    if cfg.name != "config.json" or not (cfg.is_symlink() or cfg.is_file()):
         raise NotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
-    if cfg.stat().st_size > MAX_CONFIG_BYTES:
-        raise InvalidInputError(f"{cfg} is {cfg.stat().st_size} bytes; a model config.json is a few KB")
     try:
-        data = json.loads(cfg.read_bytes().decode("utf-8"))
+        # re-checked at open time: a config.json that is (or became) a symlink out of the roots is refused
+        with open_inside(cfg, roots, what="model config") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise InvalidInputError(f"{cfg} is over {MAX_CONFIG_BYTES} bytes; a model config.json is a few KB")
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InvalidInputError(f"{cfg} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
