@@ -226,3 +226,32 @@ async def anyio_wait(event: object) -> None:
     import anyio
 
     await anyio.to_thread.run_sync(event.wait, 300)  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_the_idle_warning_reaches_a_connected_client_as_an_mcp_log_message(tmp_path: Path) -> None:
+    import anyio
+
+    received: list[object] = []
+
+    async def on_log(params: object) -> None:
+        received.append(params)
+
+    settings = _settings(tmp_path, idle_shutdown_minutes=5, idle_dry_run=True, idle_grace_seconds=60)
+    mcp = build_server(settings)
+    try:
+        # unsolicited notifications ride handshake-era sessions; 2026-07-28 sessions only get them inside requests
+        async with Client(mcp, mode="legacy", logging_callback=on_log) as client:
+            await client.call_tool("gpu_status", {})  # the middleware records this session
+            meter = mcp.state.service("session", SessionMeter)
+            guard = mcp.state.peek("idle_guard")
+            assert isinstance(guard, IdleGuard)
+            meter.last_request -= 3600
+            assert guard.check().state == "warned"
+            with anyio.fail_after(10):
+                while not received:
+                    await anyio.sleep(0.05)
+        text = str(getattr(received[0], "data", ""))
+        assert "no request for" in text and "dry run" in text
+    finally:
+        mcp.state.close()

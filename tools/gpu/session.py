@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -102,7 +103,9 @@ class SessionMeter:
         self._uses: dict[str, _Use] = {k: _Use() for k in ACTIVITY_KINDS}
         self._probes: dict[str, Callable[[], bool]] = {}
         self._samples = _Samples()
-        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        # per connection, its latest request's session facade (the SDK makes one per request; the connection
+        # object lives as long as the client stays connected, so entries vanish with it)
+        self._sessions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,8 +144,10 @@ class SessionMeter:
         """An MCP request arrived (from the middleware): the box is in use."""
         self.last_request = self.clock()
         if session is not None:
-            with suppress(TypeError):  # not weak-referenceable: no broadcast to it
-                self._sessions.add(session)
+            conn = getattr(session, "_connection", None)
+            if conn is not None:
+                with suppress(TypeError):  # not weak-referenceable: no broadcast to it
+                    self._sessions[conn] = session
             with suppress(RuntimeError):
                 self._loop = asyncio.get_running_loop()
 
@@ -294,18 +299,21 @@ class SessionMeter:
         )
 
     def broadcast_warning(self, message: str) -> int:
-        """Send `message` as an MCP log notification to every connected session seen; returns how many."""
+        """Send `message` as an MCP log notification to every connected client that can receive one unasked;
+        returns how many. Sessions on 2026-07-28+ protocol versions only get log messages inside their own
+        requests (SEP-2577), so they read the warning from the server log and box://session instead."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return 0
         sent = 0
-        for session in list(self._sessions):
-            coro = session.send_log_message(level="warning", data=message, logger="gpubox.idle")
+        for session in list(self._sessions.values()):
+            if getattr(session, "_log_is_request_scoped", False):
+                continue
             try:
-                asyncio.run_coroutine_threadsafe(coro, loop)
+                asyncio.run_coroutine_threadsafe(_send_warning(session, message), loop)
                 sent += 1
             except RuntimeError:  # loop stopped meanwhile
-                coro.close()
+                pass
         return sent
 
     def close(self) -> None:
@@ -316,6 +324,16 @@ class SessionMeter:
             with suppress(Exception):
                 self._nv.nvmlShutdown()
             self._nv = None
+
+
+async def _send_warning(session: Any, message: str) -> None:
+    with warnings.catch_warnings():
+        # the SDK flags the logging capability as deprecated for new protocol versions; older clients still use it
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            await session.send_log_message(level="warning", data=message, logger="gpubox.idle")
+        except Exception:  # a client that went away must not break the guard
+            log.debug("idle warning not delivered", exc_info=True)
 
 
 def _iso(ts: float) -> str:
