@@ -46,7 +46,9 @@ async def test_a_cpu_device_calibration_is_stored_and_used_by_the_next_estimate(
     assert f"bench_device run {data['run_id']}" in json.dumps(profiles)
     after, _ = await call(bench_client, "estimate_inference", {"model": "Llama-3-8B", "gpu": "local"})
     said = json.dumps(after)
-    assert f"memory bandwidth {bandwidth:g} GB/s measured on this box" in said and data["run_id"] in said
+    assert f"memory bandwidth {bandwidth:g} GB/s" in said and "measured on this box" in said and data["run_id"] in said
+    # a CPU computes in fp32: its measured fp32 rate replaces the default matrix rate too
+    assert "fp32 matrix" in said
     # decode is bandwidth-bound: the measured RAM bandwidth (not the DDR4 default) now sets the speed
     old, new = before["results"][0]["decode_tokens_per_s"], after["results"][0]["decode_tokens_per_s"]
     default_bw = next(f["datasheet"] for f in data["figures"] if f["name"] == "memory_copy")
