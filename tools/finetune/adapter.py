@@ -32,6 +32,8 @@ def finetuner(state: AppState) -> Finetuner:
     ft = state.service("finetune", Finetuner)
     if ft.calibrate is None:
         ft.calibrate = lambda info: record_calibration(state, info)
+    if ft.inference is None:  # the plan warns about models this server holds in memory; never builds the manager
+        ft.inference = lambda: state.peek("inference")
     return ft
 
 

@@ -44,6 +44,8 @@ class Finetuner:
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
         # set by the adapter: records a finished job's measured memory and tokens/s as an estimator calibration
         self.calibrate: Callable[[dict[str, Any]], str] | None = None
+        # set by the adapter: the inference model manager when one was built (models loaded in this server)
+        self.inference: Callable[[], Any] | None = None
 
     # --- plan -----------------------------------------------------------------------------------
     def registry(self) -> dict[str, Any]:
