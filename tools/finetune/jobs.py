@@ -32,9 +32,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     error TEXT,
     result TEXT,
-    calibrated INTEGER NOT NULL DEFAULT 0
+    calibrated INTEGER NOT NULL DEFAULT 0,
+    probe_calibrated INTEGER NOT NULL DEFAULT 0
 )
 """
+# columns added after the first release, for stores created before them
+MIGRATIONS = {"probe_calibrated": "ALTER TABLE jobs ADD COLUMN probe_calibrated INTEGER NOT NULL DEFAULT 0"}
 LOG_TAIL_LINES = 30
 
 
@@ -47,6 +50,10 @@ class JobStore:
         with self._conn() as c:
             c.execute("PRAGMA journal_mode=WAL")
             c.execute(SCHEMA)
+            have = {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}
+            for col, ddl in MIGRATIONS.items():
+                if col not in have:
+                    c.execute(ddl)
 
     @contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
@@ -86,6 +93,14 @@ class JobStore:
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._conn() as c:
             c.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def claim(self, job_id: str, flag: str) -> bool:
+        """Set a 0/1 flag column once; True only for the caller that set it (two status calls never both win)."""
+        if flag not in ("calibrated", "probe_calibrated"):
+            raise ValueError(flag)
+        with self._conn() as c:
+            cur = c.execute(f"UPDATE jobs SET {flag} = 1 WHERE id = ? AND {flag} = 0", (job_id,))
+            return cur.rowcount == 1
 
     def set_process(self, job_id: str, pid: int) -> None:
         self.update(job_id, pid=pid, pid_started=process_start(pid))

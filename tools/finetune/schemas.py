@@ -58,6 +58,22 @@ class FinetuneRequest(TrainingRequest):
     logging_steps: int = Field(default=1, ge=1, le=100_000, description="Log loss/lr every N optimizer steps")
     save_steps: int = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N optimizer steps")
     save_total_limit: int = Field(default=2, ge=1, le=100, description="Checkpoints kept on disk")
+    num_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Data-parallel processes on this machine, started with `accelerate launch` (DDP; NCCL on GPUs, "
+        "at most one per visible GPU; gloo on CPU). Global batch = micro-batch x accumulation x processes. Several "
+        "machines: run the job folder's worker under `accelerate launch` with accelerate's own multi-node config "
+        "(num_machines, machine_rank, main_process_ip; https://huggingface.co/docs/accelerate/basic_tutorials/launch)",
+    )
+    probe_steps: int = Field(
+        default=2,
+        ge=0,
+        le=20,
+        description="Steps of a throwaway probe run at the planned micro-batch before training: measures peak memory "
+        "and tokens/s (recorded as an estimator calibration) and halves the micro-batch on out-of-memory; 0 = no probe",
+    )
     output_name: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,
@@ -104,6 +120,15 @@ class FinetunePlan(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+class ProbeResult(BaseModel):
+    steps: int = Field(description="Optimizer steps the probe ran (one micro-batch each)")
+    per_device_train_batch_size: int = Field(description="Micro-batch the probe ran at (after any halving)")
+    tokens_per_s: float | None = Field(description="Measured training tokens/s (non-padding), steps after the first")
+    peak_memory_gb: float | None = Field(description="Measured peak memory (CUDA max allocated, or process RSS)")
+    memory_kind: str = Field(description="cuda_max_allocated or cpu_rss")
+    seconds: float = Field(description="Wall time of the probe, model load included")
+
+
 class JobStatus(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -127,6 +152,8 @@ class JobStatus(BaseModel):
     peak_memory_gb: float | None = None
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
+    num_processes: int = Field(default=1, description="Data-parallel processes the job runs (accelerate launch)")
+    probe: ProbeResult | None = Field(default=None, description="What the probe run measured before training")
     checkpoints: list[str] = Field(default_factory=list)
     adapter_path: str | None = Field(default=None, description="Finished adapter (listed by infer_models)")
     events: list[str] = Field(default_factory=list, description="Decisions the job took (OOM back-off, resume)")

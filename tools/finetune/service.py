@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,12 +22,13 @@ from typing import Any
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.paths import open_inside
 from gpubox.settings import Settings
-from gpubox.tools.finetune import planner
+from gpubox.tools.finetune import launcher, plan_warnings, planner
 from gpubox.tools.finetune.jobs import JobStore, alive, log_tail, read_metrics
-from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ProbeResult
 from gpubox.tools.gpu.nvml import gpu_status
 
 EMA = 0.8
+CANCEL_MARK = "cancel-requested"
 
 
 class Finetuner:
@@ -62,14 +62,12 @@ class Finetuner:
         device = "cuda" if status.gpus else "cpu"
         warnings: list[str] = []
         if device == "cuda":
-            for g in status.gpus:
-                procs = getattr(g, "processes", None) or []
-                if procs:
-                    warnings.append(
-                        f"GPU {g.index} is in use by {len(procs)} other process(es); the plan uses free memory"
-                    )
+            warnings += plan_warnings.busy_gpu(status.gpus) + plan_warnings.throttled(status.gpus)
         elif req.method == "qlora":
             warnings.append("QLoRA on CPU runs (bitsandbytes 4-bit) but is slower than LoRA; it pays off on a GPU")
+        warnings += plan_warnings.loaded_models(self.inference() if self.inference else None, device)
+        if req.num_processes > 1:
+            warnings += launcher.check_processes(req.num_processes, device)
         if summary.truncated_rows:
             warnings.append(
                 f"{summary.truncated_rows} of {summary.rows} rows are longer than max_length {req.max_length} tokens "
@@ -78,9 +76,6 @@ class Finetuner:
         if req.use_liger_kernel and (device == "cpu" or not _installed("liger_kernel")):
             warnings.append("use_liger_kernel needs the liger-kernel package and a CUDA GPU; it was turned off")
             req = req.model_copy(update={"use_liger_kernel": False})
-        if req.num_processes > 1:
-            warnings.append("num_processes > 1 is not supported by finetune_launch yet; the job uses 1 process")
-            req = req.model_copy(update={"num_processes": 1})
         est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
         plan = FinetunePlan(
@@ -153,6 +148,8 @@ class Finetuner:
             "gradient_accumulation_steps": plan.gradient_accumulation_steps,
             "gradient_checkpointing": plan.gradient_checkpointing,
             "total_steps": plan.total_steps,
+            "num_processes": req.num_processes,
+            "device": plan.device,
             "adapter_dir": str(adapter_dir),
             "inject_oom": inject_oom,
             "resume": False,
@@ -164,10 +161,14 @@ class Finetuner:
 
     def _spawn(self, job_id: str) -> None:
         job_dir = self.store.job_dir(job_id)
+        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
+        nproc, device = int(cfg.get("num_processes", 1)), cfg.get("device", "cpu")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env.update(launcher.environment(nproc, device))
+        (job_dir / CANCEL_MARK).unlink(missing_ok=True)
         with (job_dir / "log.txt").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpubox.tools.finetune.worker", str(job_dir)],
+                launcher.command(job_dir, nproc, device),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -203,10 +204,15 @@ class Finetuner:
             per_device_train_batch_size=cfg["per_device_train_batch_size"],
             gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
             error=row["error"],
+            num_processes=cfg.get("num_processes", 1),
         )
         smoothed = None
         started = None
         for m in metrics:
+            if "probe" in m:
+                st.probe = ProbeResult.model_validate(m["probe"])
+                self._calibrate_probe(job_id, job_dir, cfg, m["probe"], st)
+                continue
             if "event" in m:
                 st.events.append(m["event"])
                 if m["event"].startswith("training started"):
@@ -236,8 +242,7 @@ class Finetuner:
             st.eta_s = 0.0
             if result.get("peak_memory_gb"):
                 st.peak_memory_gb = result["peak_memory_gb"]
-            if not row["calibrated"] and self.calibrate is not None:
-                self.store.update(job_id, calibrated=1)
+            if not row["calibrated"] and self.calibrate is not None and self.store.claim(job_id, "calibrated"):
                 note = self.calibrate(
                     {**cfg, **result, "tokens_per_s": st.tokens_per_s, "peak_memory_gb": st.peak_memory_gb}
                 )
@@ -247,6 +252,16 @@ class Finetuner:
             st.log_tail = log_tail(job_dir)
         st.next_step = _next_step(st)
         return st
+
+    def _calibrate_probe(
+        self, job_id: str, job_dir: Path, cfg: dict[str, Any], probe: dict[str, Any], st: JobStatus
+    ) -> None:
+        """Offer the probe's measurement to the estimator once (the first status call that sees it)."""
+        if self.calibrate is None or not self.store.claim(job_id, "probe_calibrated"):
+            return
+        note = "probe " + self.calibrate({**cfg, **probe})
+        _append_event(job_dir, note)
+        st.events.append(note)
 
     def list(self) -> JobList:
         return JobList(jobs=[self.status(jid) for jid in self.store.ids()])
@@ -261,6 +276,8 @@ class Finetuner:
         row = self.row(job_id)
         if row["state"] not in ACTIVE:
             raise InvalidInputError(f"job {job_id} is {row['state']}, not running; nothing to cancel")
+        # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed
+        (self.store.job_dir(job_id) / CANCEL_MARK).touch()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(row["pid"], signal.SIGTERM)
         deadline = time.monotonic() + wait_s

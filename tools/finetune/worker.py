@@ -6,12 +6,17 @@ memory, events) and `log.txt` (its stdout/stderr). torch/transformers/trl/peft a
 
 SIGTERM (finetune_cancel) is turned into a clean stop: the trainer callback asks for a checkpoint at the end of
 the current step and stops, so finetune_resume continues from there.
+
+With num_processes > 1 it runs once per rank under `accelerate launch` (see launcher.py): every rank trains, only
+rank 0 writes the job's state, metrics and adapter, and the ranks agree on stopping at the same step.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
+import shutil
 import signal
 import sys
 import time
@@ -22,32 +27,39 @@ import psutil
 
 from gpubox.tools.finetune.base import ensure_hf_base
 from gpubox.tools.finetune.jobs import JobStore, append_metric
+from gpubox.tools.finetune.probe import OOM_HINT, InjectedOOMError, is_oom, run_probe
 
+CANCEL_MARK = "cancel-requested"  # written by the service's cancel (service.CANCEL_MARK)
 STOP = {"requested": False, "training": False}
-
-
-class InjectedOOMError(RuntimeError):
-    """Test hook: raised like torch.OutOfMemoryError at the first step of the first N attempts."""
+RANK = {"rank": 0, "world": 1, "job_dir": Path(".")}
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     STOP["requested"] = True
-    if not STOP["training"]:
-        raise SystemExit(143)  # nothing to checkpoint yet: stop right away
+    peer_failed = RANK["world"] > 1 and not (RANK["job_dir"] / CANCEL_MARK).exists()
+    if not STOP["training"] or peer_failed:
+        raise SystemExit(143)  # nothing to checkpoint yet, or the launcher stops us because another rank died
 
 
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, InjectedOOMError):
-        return True
-    try:
-        import torch
-
-        return isinstance(exc, torch.OutOfMemoryError)
-    except ImportError:
-        return False
+def _log(job_dir: Path, record: dict[str, Any]) -> None:
+    if RANK["rank"] == 0:
+        append_metric(job_dir, record)
 
 
-def _callback(job_dir: Path, cfg: dict[str, Any], attempt: int) -> Any:
+def _stop_everywhere(args: Any) -> bool:
+    """Whether any rank was asked to stop: all ranks must leave at the same step, or the others wait forever in
+    the next gradient all-reduce."""
+    if RANK["world"] == 1:
+        return bool(STOP["requested"])
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if STOP["requested"] else 0], device=args.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _callback(job_dir: Path, inject: bool) -> Any:
     import torch
     from transformers import TrainerCallback
 
@@ -63,22 +75,26 @@ def _callback(job_dir: Path, cfg: dict[str, Any], attempt: int) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = time.perf_counter()
             self.tokens0 = state.num_input_tokens_seen or 0
-            append_metric(job_dir, {"event": f"training started at step {state.global_step}", "t": time.time()})
+            world = RANK["world"]
+            procs = f" ({world} processes)" if world > 1 else ""
+            event = f"training started{procs} at step {state.global_step}"
+            _log(job_dir, {"event": event, "world_size": world, "t": time.time()})
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if attempt < cfg.get("inject_oom", 0):
+            if inject:
                 raise InjectedOOMError("CUDA out of memory (injected by the test hook)")
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.peak_rss = max(self.peak_rss, proc.memory_info().rss)
-            if STOP["requested"]:
+            if _stop_everywhere(args):
+                STOP["requested"] = True
                 control.should_save = True
                 control.should_training_stop = True
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             logs = logs or {}
             dt = time.perf_counter() - self.t0
-            seen = (state.num_input_tokens_seen or 0) - self.tokens0
+            seen = (state.num_input_tokens_seen or 0) - self.tokens0  # summed over ranks by the Trainer
             peak = torch.cuda.max_memory_allocated() if cuda else self.peak_rss
             rec = {
                 "t": time.time(),
@@ -92,40 +108,35 @@ def _callback(job_dir: Path, cfg: dict[str, Any], attempt: int) -> Any:
             for key in ("loss", "learning_rate", "eval_loss", "grad_norm", "train_loss"):
                 if key in logs:
                     rec[key] = logs[key]
-            append_metric(job_dir, rec)
+            _log(job_dir, rec)
 
     return JobCallback()
 
 
-def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
+def _rows(job_dir: Path, name: str) -> Any:
     from datasets import Dataset
+
+    path = job_dir / name
+    if not path.is_file():
+        return None
+    return Dataset.from_list([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])
+
+
+def _builder(job_dir: Path, cfg: dict[str, Any], tokenizer: Any, bf16: bool) -> Any:
+    """build(micro, accum, max_steps, callbacks, probe=False) -> an SFTTrainer on a freshly loaded base model."""
+    import torch
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl.trainer.sft_config import SFTConfig
     from trl.trainer.sft_trainer import SFTTrainer
 
     req = cfg["request"]
-    base = cfg["base"]
-    hf_path = Path(base["hf_path"])
-    ensure_hf_base(base["format"], Path(base["path"]), hf_path, log=lambda m: append_metric(job_dir, {"event": m}))
+    hf_path = cfg["base"]["hf_path"]
     cuda = torch.cuda.is_available()
-    bf16 = bool(req.get("bf16")) if req.get("bf16") is not None else cuda and torch.cuda.is_bf16_supported()
     fp16 = bool(req.get("fp16")) and not bf16
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    train_ds, eval_ds = _rows(job_dir, "train.jsonl"), _rows(job_dir, "eval.jsonl")
 
-    def rows(name: str) -> Any:
-        path = job_dir / name
-        if not path.is_file():
-            return None
-        return Dataset.from_list([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])
-
-    train_ds, eval_ds = rows("train.jsonl"), rows("eval.jsonl")
-    micro, accum = int(cfg["per_device_train_batch_size"]), int(cfg["gradient_accumulation_steps"])
-    attempt = 0
-    while True:
+    def build(micro: int, accum: int, max_steps: int, callbacks: list[Any], probe: bool = False) -> Any:
         model_kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
         if req["method"] == "qlora":
             from transformers import BitsAndBytesConfig
@@ -136,23 +147,23 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
                 bnb_4bit_use_double_quant=(req.get("weight_format") or "nf4_dq") == "nf4_dq",
                 bnb_4bit_compute_dtype=torch.bfloat16 if bf16 else torch.float32,
             )
-        model = AutoModelForCausalLM.from_pretrained(str(hf_path), **model_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(hf_path, **model_kwargs)
         peft_config = None
         if req["method"] != "full":
-            targets = req.get("lora_target_modules") or "all-linear"
             peft_config = LoraConfig(
                 r=req["lora_r"],
                 lora_alpha=req.get("lora_alpha") or 2 * req["lora_r"],
                 lora_dropout=req["lora_dropout"],
-                target_modules=targets,
+                target_modules=req.get("lora_target_modules") or "all-linear",
                 task_type="CAUSAL_LM",
             )
+        evals = eval_ds is not None and not probe
         args = SFTConfig(
-            output_dir=str(job_dir / "checkpoints"),
+            output_dir=str(job_dir / ("probe" if probe else "checkpoints")),
             per_device_train_batch_size=micro,
             per_device_eval_batch_size=micro,
             gradient_accumulation_steps=accum,
-            max_steps=cfg["total_steps"],
+            max_steps=max_steps,
             learning_rate=req["learning_rate"],
             lr_scheduler_type=req["lr_scheduler_type"],
             warmup_steps=req["warmup_ratio"],  # transformers 5: a float in [0, 1) is a ratio of total steps
@@ -167,43 +178,92 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
             fp16=fp16,
             use_cpu=not cuda,
             logging_steps=req["logging_steps"],
+            save_strategy="no" if probe else "steps",
             save_steps=req["save_steps"],
             save_total_limit=req["save_total_limit"],
-            eval_strategy="steps" if eval_ds is not None else "no",
+            eval_strategy="steps" if evals else "no",
             eval_steps=req.get("eval_steps") or req["logging_steps"],
             include_num_input_tokens_seen="non_padding",
             report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=0,
         )
-        trainer = SFTTrainer(
+        return SFTTrainer(
             model=model,
             args=args,
             train_dataset=train_ds,
-            eval_dataset=eval_ds,
+            eval_dataset=eval_ds if evals else None,
             processing_class=tokenizer,
             peft_config=peft_config,
-            callbacks=[_callback(job_dir, cfg, attempt)],
+            callbacks=callbacks,
         )
+
+    return build
+
+
+def _probe(job_dir: Path, cfg: dict[str, Any], build: Any, micro: int, accum: int) -> tuple[int, int, bool]:
+    """Run the probe when it applies; (micro-batch, accumulation, whether it ran)."""
+    steps = int(cfg["request"].get("probe_steps") or 0)
+    if steps <= 0 or cfg.get("resume"):
+        return micro, accum, False  # a resumed job keeps the layout its checkpoints were trained with
+    if RANK["world"] > 1:
+        _log(job_dir, {"event": "probe skipped: it runs in single-process jobs; the first steps are measured"})
+        return micro, accum, False
+    _log(job_dir, {"event": f"probe: {steps} step(s) at per_device_train_batch_size={micro}", "t": time.time()})
+    micro, accum, record = run_probe(
+        lambda m, a, n, cbs: build(m, a, n, cbs, probe=True),
+        micro,
+        accum,
+        steps,
+        int(cfg.get("inject_oom", 0)),
+        lambda rec: _log(job_dir, rec),
+    )
+    shutil.rmtree(job_dir / "probe", ignore_errors=True)
+    _log(job_dir, {"probe": record, "t": time.time()})
+    # the probed layout is the job's layout from now on, resume included
+    cfg.update(per_device_train_batch_size=micro, gradient_accumulation_steps=accum)
+    (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    return micro, accum, True
+
+
+def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    req = cfg["request"]
+    base = cfg["base"]
+    hf_path = Path(base["hf_path"])
+    ensure_hf_base(base["format"], Path(base["path"]), hf_path, log=lambda m: _log(job_dir, {"event": m}))
+    cuda = torch.cuda.is_available()
+    bf16 = bool(req.get("bf16")) if req.get("bf16") is not None else cuda and torch.cuda.is_bf16_supported()
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    build = _builder(job_dir, cfg, tokenizer, bf16)
+    micro, accum = int(cfg["per_device_train_batch_size"]), int(cfg["gradient_accumulation_steps"])
+    micro, accum, probed = _probe(job_dir, cfg, build, micro, accum)
+    # without a probe, the injected out-of-memory test hook fires in the real run instead
+    inject_left = 0 if probed else int(cfg.get("inject_oom", 0))
+    attempt = 0
+    while True:
+        trainer = build(micro, accum, cfg["total_steps"], [_callback(job_dir, attempt < inject_left)])
         checkpoints = sorted((job_dir / "checkpoints").glob("checkpoint-*"))
         resume = bool(checkpoints) and cfg.get("resume", False)
         if resume:
-            append_metric(job_dir, {"event": f"resuming from {checkpoints[-1].name}", "t": time.time()})
+            _log(job_dir, {"event": f"resuming from {checkpoints[-1].name}", "t": time.time()})
         STOP["training"] = True
         try:
             result = trainer.train(resume_from_checkpoint=True if resume else None)
             break
         except Exception as exc:
-            if not _is_oom(exc):
+            # a real out-of-memory later than the probe saw (a longer batch): same back-off, single process only
+            if not is_oom(exc) or RANK["world"] > 1:
                 raise
             STOP["training"] = False
             if micro == 1:
-                raise RuntimeError(
-                    "out of memory even at per_device_train_batch_size=1; use method='qlora', "
-                    "gradient_checkpointing=true or a shorter max_length"
-                ) from exc
+                raise RuntimeError(f"out of memory even at per_device_train_batch_size=1; {OOM_HINT}") from exc
             micro, accum, attempt = micro // 2, accum * 2, attempt + 1
-            append_metric(
+            _log(
                 job_dir,
                 {
                     "event": f"out of memory at per_device_train_batch_size={micro * 2}: halved the micro-batch "
@@ -213,13 +273,28 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
                     "t": time.time(),
                 },
             )
-            del trainer, model
+            del trainer
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
     if STOP["requested"]:
         return {"cancelled": True, "step": trainer.state.global_step}
-    adapter_dir = Path(cfg["adapter_dir"])
+    out = {
+        "train_loss": result.metrics.get("train_loss"),
+        "train_runtime_s": result.metrics.get("train_runtime"),
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": accum,
+        "num_processes": RANK["world"],
+        "device": "cuda" if cuda else "cpu",
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
+        "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 1e9, 4) if cuda else None,
+    }
+    if RANK["rank"] == 0:
+        out["adapter_path"] = _save_adapter(trainer, tokenizer, hf_path, Path(cfg["adapter_dir"]))
+    return out
+
+
+def _save_adapter(trainer: Any, tokenizer: Any, hf_path: Path, adapter_dir: Path) -> str:
     adapter_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = adapter_dir.with_name(adapter_dir.name + ".tmp")
     trained_model: Any = trainer.model
@@ -232,42 +307,41 @@ def train(job_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         data["base_model_name_or_path"] = str(hf_path)
         conf.write_text(json.dumps(data, indent=2))
     if adapter_dir.exists():
-        import shutil
-
         shutil.rmtree(adapter_dir)
     tmp.rename(adapter_dir)
-    metrics = result.metrics
-    return {
-        "adapter_path": str(adapter_dir),
-        "train_loss": metrics.get("train_loss"),
-        "train_runtime_s": metrics.get("train_runtime"),
-        "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": accum,
-        "device": "cuda" if cuda else "cpu",
-        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
-        "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 1e9, 4) if cuda else None,
-    }
+    return str(adapter_dir)
 
 
 def main(argv: list[str]) -> int:
     job_dir = Path(argv[0]).resolve()
     cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    RANK.update(rank=rank, world=world, job_dir=job_dir)
+    print(f"gpubox finetune worker: rank {rank} of world size {world}, pid {os.getpid()}", flush=True)
     store = JobStore(Path(cfg["store_root"]))
     job_id = cfg["job_id"]
     signal.signal(signal.SIGTERM, _on_sigterm)
-    store.update(job_id, state="running")
+    lead = rank == 0  # only rank 0 writes the job's state
+    if lead:
+        store.update(job_id, state="running")
     try:
         result = train(job_dir, cfg)
     except SystemExit:
-        store.finish(job_id, "cancelled", error="cancelled before training started")
+        if lead and (world == 1 or (job_dir / CANCEL_MARK).exists()):
+            store.finish(job_id, "cancelled", error="cancelled before training started")
+        elif lead:
+            store.finish(job_id, "failed", error="stopped by the launcher after another rank failed; see log_tail")
         return 143
     except BaseException as exc:
         import traceback
 
         traceback.print_exc()
         sys.stdout.flush()
-        store.finish(job_id, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        if lead:
+            store.finish(job_id, "failed", error=f"rank {rank}: {type(exc).__name__}: {exc}"[:2000])
         return 1
+    if not lead:
+        return 143 if result.get("cancelled") else 0
     if result.get("cancelled"):
         store.finish(job_id, "cancelled", error=None, result=result)
         return 143
