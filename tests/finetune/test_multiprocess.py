@@ -1,0 +1,81 @@
+"""num_processes > 1: a LoRA job on the bundled SmolLM2 through `accelerate launch` with two CPU ranks (gloo).
+
+Both ranks train (each logs its rank and world size), only rank 0 writes the job state and the adapter, the
+adapter is served by inference, and a rank that dies fails the job with its log tail instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.tools.finetune.adapter import finetuner
+from tests.finetune.conftest import DATASET, make_settings
+from tests.finetune.test_jobs import ok, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+SMALL = {"dataset": str(DATASET), "max_length": 64, "lora_r": 8, "per_device_train_batch_size": 1, "num_processes": 2}
+
+
+def ranks_of(launcher_pid: int) -> dict[int, psutil.Process]:
+    """The worker processes under the accelerate launcher, by their RANK."""
+    out: dict[int, psutil.Process] = {}
+    for p in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if "gpubox.tools.finetune.worker" in " ".join(p.cmdline()):
+                out[int(p.environ().get("RANK", "-1"))] = p
+        except psutil.Error:
+            continue
+    return out
+
+
+async def test_a_two_process_job_trains_on_both_ranks_and_its_adapter_is_served(tmp_path: Path, hf_base: Path) -> None:
+    settings = make_settings(tmp_path / "root", hf_base)
+    mcp = build_server(settings)
+    try:
+        async with Client(mcp) as client:
+            plan = await ok(client, "finetune_plan", **SMALL, gradient_accumulation_steps=2, max_steps=2)
+            assert plan["global_batch"] == 1 * 2 * 2
+            assert any("gloo" in w for w in plan["warnings"]), plan["warnings"]
+            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            done = await wait_until(client, job["job_id"], lambda s: False)
+            listed = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
+            await ok(client, "infer_load", name=done["adapter_name"], context_length=256)
+    finally:
+        state_of(mcp).close()
+    log = (settings.state_dir / "finetune" / "jobs" / job["job_id"] / "log.txt").read_text(errors="replace")
+    assert done["state"] == "completed", (done, log[-3000:])
+    assert "rank 0 of world size 2" in log and "rank 1 of world size 2" in log
+    assert done["num_processes"] == 2 and done["step"] == 2
+    assert any(e.startswith("training started (2 processes)") for e in done["events"]), done["events"]
+    assert any(e.startswith("probe skipped") for e in done["events"])
+    assert Path(done["adapter_path"], "adapter_config.json").is_file()
+    assert listed[done["adapter_name"]]["format"] == "lora"
+
+
+async def test_a_killed_rank_fails_the_job_with_its_log_tail(tmp_path: Path, hf_base: Path) -> None:
+    mcp = build_server(make_settings(tmp_path / "root", hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await ok(client, "finetune_plan", **SMALL, max_steps=200, probe_steps=0)
+            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await wait_until(client, job["job_id"], lambda s: s["step"] >= 1)
+            assert st["state"] == "running", st
+            row = finetuner(state_of(mcp)).store.get(job["job_id"])
+            assert row is not None
+            ranks = ranks_of(row["pid"])
+            assert set(ranks) == {0, 1}, ranks
+            os.kill(ranks[1].pid, signal.SIGKILL)
+            st = await wait_until(client, job["job_id"], lambda s: False)
+    finally:
+        state_of(mcp).close()
+    assert st["state"] == "failed", st
+    assert st["log_tail"] and st["error"], st
+    assert st["step"] < 200  # it failed rather than training on with one rank
+    assert "rank" in st["log_tail"] or "ChildFailedError" in st["log_tail"], st["log_tail"]
