@@ -120,7 +120,10 @@ class Settings(BaseSettings):
     # --- code search ---------------------------------------------------------------------------
     search_embedding_model: Path | None = Field(
         default=None,
-        description="Local sentence-transformers model folder for code search (default: bundled all-MiniLM-L6-v2).",
+        description="Local embedding model folder for code search (default: bundled all-MiniLM-L6-v2): a "
+        "sentence-transformers model, or a model2vec static model (config.json model_type 'model2vec', e.g. "
+        "minishlab/potion-code-16M downloaded beforehand; needs the model2vec extra). Never downloaded at run time; "
+        "indexes built with another model must be dropped and re-indexed.",
     )
     search_max_file_bytes: int = Field(
         default=1_000_000, ge=1024, le=100_000_000, description="Files larger than this are not indexed."

