@@ -131,7 +131,7 @@ async def test_cancel_checkpoints_and_resume_continues_after_an_oom_back_off(tmp
     try:
         async with Client(mcp) as client:
             plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=5, save_steps=1)
-            # the test hook raises an out-of-memory error at the first step of the first attempt
+            # the test hook raises an out-of-memory error at the first step of the probe's first attempt
             job = await anyio.to_thread.run_sync(lambda: finetuner(state_of(mcp)).launch(plan["plan_id"], 1))
             job_id = job.job_id
             st = await wait_until(client, job_id, lambda s: s["step"] >= 1)
@@ -143,6 +143,8 @@ async def test_cancel_checkpoints_and_resume_continues_after_an_oom_back_off(tmp
             assert cancelled["step"] < 5
             backoff = [e for e in cancelled["events"] if "out of memory at per_device_train_batch_size=4" in e]
             assert backoff and cancelled["per_device_train_batch_size"] == 2
+            # the back-off happened in the probe, before the real run: the real run started at micro-batch 2
+            assert backoff[0].startswith("probe: ") and cancelled["probe"]["per_device_train_batch_size"] == 2
             assert cancelled["gradient_accumulation_steps"] == 2
             stopped_at = cancelled["step"]
             await ok(client, "finetune_resume", job_id=job_id)
