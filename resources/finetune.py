@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 
-from gpubox.errors import MissingExtraError, NotFoundError
+from gpubox.errors import NotFoundError
 from gpubox.registry import app_state, gpubox_resource
 from gpubox.tools.finetune.adapter import finetuner
 from gpubox.tools.finetune.jobs import log_tail
-
-
-def loss_png(points: list[tuple[int, float]], title: str) -> bytes:
-    """The loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingExtraError("The loss-curve image", "train", "matplotlib") from exc
-    fig = Figure(figsize=(6, 3.5), dpi=100)
-    ax = fig.add_subplot()
-    if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
+from gpubox.tools.finetune.plot import loss_png
 
 
 def register(mcp: MCPServer[Any]) -> None:

@@ -1,5 +1,5 @@
 """Fine-tuning family: finetune_plan, finetune_launch, finetune_status, finetune_list, finetune_cancel,
-finetune_resume. Thin adapters over gpubox.tools.finetune.service.
+finetune_resume, finetune_merge. Thin adapters over gpubox.tools.finetune.service and .merge.
 
 finetune_plan's flat parameters are generated from FinetuneRequest's fields (same names, types, bounds and
 descriptions), so the tool schema and the request model cannot drift apart.
@@ -12,15 +12,26 @@ import time
 from typing import Annotated, Any
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from gpubox.errors import GpuboxError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.estimate.adapter import estimator
+from gpubox.tools.finetune.merge import Dtype, GgufOut, Merger, MergeResult
 from gpubox.tools.finetune.planner import estimator_model
-from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
+from gpubox.tools.finetune.plot import loss_png
+from gpubox.tools.finetune.schemas import (
+    ACTIVE,
+    NAME_PATTERN,
+    FinetunePlan,
+    FinetuneRequest,
+    JobList,
+    JobStatus,
+    ResolvedBase,
+)
 from gpubox.tools.finetune.service import Finetuner
 
 # Filled in by the plan from the dataset and the device present, not by the caller.
@@ -62,6 +73,22 @@ def record_calibration(state: AppState, info: dict[str, Any]) -> str:
     except (GpuboxError, TypeError, ValueError) as exc:
         return f"calibration not recorded: {exc}"
     return f"calibration recorded: {getattr(m, 'tokens_per_s', None)} tokens/s on {getattr(m, 'gpu', device)}"
+
+
+def as_result(st: JobStatus, extra: list[Any] | None = None) -> CallToolResult:
+    """The status as structured content plus its JSON text, as a plain `-> JobStatus` tool returns it."""
+    content: list[Any] = [TextContent(type="text", text=st.model_dump_json(indent=1)), *(extra or [])]
+    return CallToolResult(content=content, structured_content=st.model_dump(mode="json"))
+
+
+async def with_plot(ft: Finetuner, st: JobStatus) -> CallToolResult:
+    """The status plus the loss curve as MCP image content (as bench_plot returns its plots)."""
+    points = await anyio.to_thread.run_sync(ft.curve, st.job_id)
+    if not points:
+        note = TextContent(type="text", text=f"no loss logged yet for job {st.job_id}; no plot until the first step")
+        return as_result(st, [note])
+    png = await anyio.to_thread.run_sync(loss_png, points, f"job {st.job_id} ({st.adapter_name})")
+    return as_result(st, [Image(data=png, format="png").to_image_content()])
 
 
 def _plan_signature() -> inspect.Signature:
@@ -107,10 +134,14 @@ def register(mcp: MCPServer[Any]) -> None:
             float, Field(ge=0, le=60, description="Long-poll: wait up to this long for the step or state to change")
         ] = 0,
         include_log: Annotated[bool, Field(description="Include the last lines of the job log")] = False,
-    ) -> JobStatus:
+        include_plot: Annotated[
+            bool, Field(description="Also return the training-loss curve as a PNG image (MCP image content)")
+        ] = False,
+    ) -> Annotated[CallToolResult, JobStatus]:
         """State, step/total, epoch, latest and smoothed loss, eval loss, learning rate, tokens/s, elapsed and
         ETA, peak memory, checkpoints, adapter path, decisions taken (events) and, for failed jobs, the log tail.
-        With wait_seconds it returns as soon as the step or state changes (progress notifications meanwhile)."""
+        With wait_seconds it returns as soon as the step or state changes (progress notifications meanwhile).
+        With include_plot the loss curve comes back as an image too (also at finetune://jobs/{job_id}/loss.png)."""
         ft = finetuner(app_state(ctx))
         st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
         deadline = time.monotonic() + wait_seconds
@@ -119,7 +150,7 @@ def register(mcp: MCPServer[Any]) -> None:
             await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
             await ctx.report_progress(st.step, st.total_steps, f"{st.state}: step {st.step}/{st.total_steps}")
-        return st
+        return await with_plot(ft, st) if include_plot else as_result(st)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune jobs")
     def finetune_list(ctx: Context) -> JobList:
@@ -137,3 +168,45 @@ def register(mcp: MCPServer[Any]) -> None:
         """Restart a cancelled or failed job with the same configuration from its latest checkpoint, in a new
         background worker. Poll with finetune_status."""
         return finetuner(app_state(ctx)).resume(job_id)
+
+    @gpubox_tool(mcp, annotations=WRITES, title="Merge a fine-tuned adapter (and export GGUF)")
+    async def finetune_merge(
+        ctx: Context,
+        job: Annotated[
+            str,
+            Field(min_length=1, max_length=64, description="A completed job's job_id, or its adapter_name"),
+        ],
+        output_name: Annotated[
+            str | None,
+            Field(
+                pattern=NAME_PATTERN,
+                description="Name of the merged model in infer_models; default '<adapter_name>-merged'",
+            ),
+        ] = None,
+        dtype: Annotated[
+            Dtype,
+            Field(
+                description="Dtype the base is loaded and saved in; 'auto': bf16 for a bf16 original, else fp16. "
+                "Never 4-bit: QLoRA jobs are merged into a 16-bit reload of the base"
+            ),
+        ] = "auto",
+        gguf: Annotated[
+            GgufOut,
+            Field(
+                description="Also write a GGUF for llama.cpp: f16, q8_0 (8-bit, about half the size) or f32; "
+                "possible when the base came from a GGUF (the bundled model does)"
+            ),
+        ] = "none",
+        time_limit_s: Annotated[
+            float, Field(ge=10, le=86_400, description="Seconds before the merge process is stopped")
+        ] = 3600,
+    ) -> MergeResult:
+        """Fold a finished LoRA/QLoRA adapter into a 16-bit copy of its base (peft merge_and_unload) and save it
+        as an HF folder (safetensors + tokenizer) in the state dir's models folder, where infer_models lists it
+        and infer_load serves it without peft. With gguf='f16'|'q8_0'|'f32' it also writes a GGUF that llama.cpp
+        serves. Runs in a separate process with progress notifications; checks free disk first. Returns the
+        paths and the names to pass to infer_load."""
+        state = app_state(ctx)
+        merger = state.service("finetune_merge", Merger)
+        spec = await anyio.to_thread.run_sync(merger.prepare, finetuner(state), job, output_name, dtype, gguf)
+        return await merger.run(spec, time_limit_s, ctx.report_progress)
