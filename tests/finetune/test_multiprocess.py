@@ -79,3 +79,27 @@ async def test_a_killed_rank_fails_the_job_with_its_log_tail(tmp_path: Path, hf_
     assert st["log_tail"] and st["error"], st
     assert st["step"] < 200  # it failed rather than training on with one rank
     assert "rank" in st["log_tail"] or "ChildFailedError" in st["log_tail"], st["log_tail"]
+
+
+async def test_cancel_reaches_every_rank_and_they_stop_at_the_same_step_with_a_checkpoint(
+    tmp_path: Path, hf_base: Path
+) -> None:
+    mcp = build_server(make_settings(tmp_path / "root", hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await ok(client, "finetune_plan", **SMALL, max_steps=200, save_steps=100, probe_steps=0)
+            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await wait_until(client, job["job_id"], lambda s: s["step"] >= 1)
+            assert st["state"] == "running", st
+            row = finetuner(state_of(mcp)).store.get(job["job_id"])
+            assert row is not None
+            ranks = ranks_of(row["pid"])
+            cancelled = await ok(client, "finetune_cancel", job_id=job["job_id"])
+            if cancelled["state"] == "running":  # cancel waits a minute; a slow step may still be finishing
+                cancelled = await wait_until(client, job["job_id"], lambda s: False)
+    finally:
+        state_of(mcp).close()
+    assert cancelled["state"] == "cancelled", cancelled
+    # saved at the step both ranks stopped at (save_steps=100 would not have saved yet)
+    assert cancelled["checkpoints"] == [f"checkpoint-{cancelled['step']}"], cancelled
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in ranks.values())
