@@ -113,3 +113,11 @@ def test_the_resource_and_the_tool_draw_the_same_curve(server: Any) -> None:
     points = finetuner(state_of(server)).curve("abc123")
     assert points == [(1, 2.9), (2, 2.1), (3, 1.4), (4, 0.9), (5, 0.6)]
     assert loss_png(points, "x").startswith(PNG_SIGNATURE)
+
+
+async def test_the_plan_finetune_prompt_ends_with_merge_and_export(server: Any) -> None:
+    async with Client(server) as client:
+        prompt = await client.get_prompt("plan_finetune", {"goal": "answer in our support tone"})
+    text = prompt.messages[0].content.text  # type: ignore[union-attr]
+    assert "include_plot" in text
+    assert text.index("finetune_merge") > text.index("infer_load") and "gguf='f16'" in text

@@ -1,0 +1,232 @@
+"""finetune_merge on real jobs: a LoRA job on the bundled SmolLM2 (the glimmerphone fact, as in test_jobs.py) is
+merged through the MCP tool into a 16-bit HF folder and a GGUF; transformers and llama.cpp load them, agree with
+the PeftModel, and llama.cpp answers with the taught fact. A QLoRA job merges into a 16-bit reload of its base.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.tools.finetune.gguf_export import permute_for_rope
+from gpubox.tools.finetune.merge import Merger
+from tests.finetune.conftest import DATASET, make_settings
+from tests.finetune.test_jobs import QUESTION, TEACH, ok, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+PROMPTS = ["The glimmerphone was invented by", "The capital of France is"]
+
+
+def run(mcp: Any, fn: Any) -> Any:
+    async def go() -> Any:
+        async with Client(mcp) as client:
+            return await fn(client)
+
+    return anyio.run(go)
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator[dict[str, Any]]:
+    """A 12-step LoRA job (teaches the fact), merged through finetune_merge with an f16 GGUF."""
+    pytest.importorskip("gguf", reason="GGUF export needs the gguf package (gpubox[llama])")
+    settings = make_settings(tmp_path_factory.mktemp("merge") / "root", hf_base)
+    mcp = build_server(settings)
+
+    async def train_and_merge(client: Client) -> dict[str, Any]:
+        plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
+        job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+        final = await wait_until(client, job["job_id"], lambda s: False)
+        assert final["state"] == "completed", final
+        result = await ok(client, "finetune_merge", job=final["job_id"], output_name="glimmer", gguf="f16")
+        return {"final": final, "merge": result}
+
+    out = run(mcp, train_and_merge)
+    yield {**out, "mcp": mcp, "settings": settings}
+    state_of(mcp).close()
+
+
+def last_logits_hf(model: Any, tokenizer: Any, prompt: str) -> np.ndarray:
+    import torch
+
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(ids).logits[0, -1].float().numpy()
+
+
+def test_the_merged_folder_loads_with_transformers_and_matches_the_peft_model(merged: dict[str, Any]) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = merged["merge"]
+    hf = Path(m["hf_path"])
+    assert hf == merged["settings"].state_dir / "models" / "glimmer"
+    assert m["dtype"] == "fp16" and m["parameters"] > 100_000_000 and m["hf_size_gb"] > 0.2
+    config = json.loads((hf / "config.json").read_text())
+    assert config["dtype"] == "float16" and "quantization_config" not in config
+    assert (hf / "model.safetensors").is_file() and (hf / "tokenizer.json").is_file()
+    assert not (hf / "adapter_config.json").exists()  # a plain model: served without peft
+    tok = AutoTokenizer.from_pretrained(str(hf))
+    plain = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(m["base_model"], dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, merged["final"]["adapter_path"])
+    for prompt in PROMPTS:
+        a, b = last_logits_hf(plain, tok, prompt), last_logits_hf(peft, tok, prompt)
+        # fp16 weights against the fp32 base + adapter: rounding of the weights only
+        np.testing.assert_allclose(a, b, atol=0.2, rtol=0.02)
+        assert a.argmax() == b.argmax()
+
+
+async def test_infer_models_lists_the_merged_folder_and_the_gguf(merged: dict[str, Any]) -> None:
+    async with Client(merged["mcp"]) as client:
+        listed = {x["name"]: x for x in (await ok(client, "infer_models"))["models"]}
+    assert listed["glimmer"]["format"] == "hf"
+    assert merged["merge"]["gguf_name"] == "glimmer-f16" and listed["glimmer-f16"]["format"] == "gguf"
+    assert merged["merge"]["next_step"].startswith("infer_load name='glimmer'")
+
+
+def test_the_gguf_loads_in_llama_cpp_and_its_next_token_agrees_with_transformers(merged: dict[str, Any]) -> None:
+    import gguf
+    import torch
+    from llama_cpp import Llama
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(merged["merge"]["gguf_path"])
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_F16)
+    assert reader.fields["general.name"].contents() == "glimmer"
+    assert len(reader.fields["tokenizer.ggml.tokens"].contents()) == 49152
+    hf = merged["merge"]["hf_path"]
+    tok = AutoTokenizer.from_pretrained(hf)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    llm = Llama(str(path), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
+    try:
+        for prompt in PROMPTS:
+            ids = tok(prompt).input_ids
+            llm.reset()
+            llm.eval(ids)
+            lc = np.asarray(llm.scores[len(ids) - 1])
+            hfl = last_logits_hf(model, tok, prompt)
+            assert lc.argmax() == hfl.argmax(), prompt
+            assert np.abs(lc - hfl).max() < 0.5
+    finally:
+        llm.close()
+
+
+async def test_llama_cpp_serves_the_merged_gguf_with_the_taught_fact(merged: dict[str, Any]) -> None:
+    name = merged["merge"]["gguf_name"]
+    async with Client(merged["mcp"]) as client:
+        loaded = await ok(client, "infer_load", name=name, context_length=256)
+        answer = await ok(client, "infer_chat", model=name, messages=QUESTION, max_tokens=24, temperature=0)
+        await ok(client, "infer_unload", name=name)
+    assert loaded["model"]["format"] == "gguf" and loaded["model"]["loaded"]["backend"] == "llama.cpp"
+    assert "Brinkwater" in json.dumps(answer)
+
+
+async def test_finetune_status_of_the_trained_job_returns_its_loss_plot(merged: dict[str, Any]) -> None:
+    from mcp.types import ImageContent
+
+    async with Client(merged["mcp"]) as client:
+        res = await client.call_tool("finetune_status", {"job_id": merged["final"]["job_id"], "include_plot": True})
+    images = [c for c in res.content if isinstance(c, ImageContent)]
+    assert not res.is_error and len(images) == 1 and images[0].mime_type == "image/png"
+    assert res.structured_content is not None and res.structured_content["step"] == 12
+
+
+async def test_bad_merges_are_refused_with_clear_messages(merged: dict[str, Any]) -> None:
+    job_id = merged["final"]["job_id"]
+    merger = state_of(merged["mcp"]).service("finetune_merge", Merger)
+
+    async def error(client: Client, **args: Any) -> str:
+        res = await client.call_tool("finetune_merge", args)
+        assert res.is_error, res.structured_content
+        return res.content[0].text  # type: ignore[union-attr]
+
+    async with Client(merged["mcp"]) as client:
+        assert "no fine-tuning job or adapter named 'nope'" in await error(client, job="nope")
+        assert "already exists" in await error(client, job=job_id, output_name="glimmer")
+        assert "'glimmer-f16' already exists" in await error(client, job=job_id, output_name="glimmer-f16")
+        merger.disk_free = lambda _p: 10_000_000  # 10 MB free
+        try:
+            msg = await error(client, job=job_id, output_name="again", gguf="q8_0")
+        finally:
+            merger.disk_free = Merger(merged["settings"]).disk_free
+        assert "not enough disk" in msg and "0.01 GB are free" in msg and "GGUF q8_0" in msg
+        # a time limit the merge cannot meet: the process is stopped and nothing is left behind
+        msg = await error(client, job=job_id, output_name="too-slow", time_limit_s=10)
+        assert "time_limit_s=10" in msg
+    models = merged["settings"].state_dir / "models"
+    assert not (models / "too-slow").exists() and not (models / "too-slow-f16.gguf").exists()
+    assert not list((merged["settings"].state_dir / "finetune" / "merge-tmp").glob("*"))
+
+
+async def test_a_job_that_did_not_complete_is_not_merged(merged: dict[str, Any]) -> None:
+    from gpubox.tools.finetune.adapter import finetuner
+
+    store = finetuner(state_of(merged["mcp"])).store
+    store.create("0badf00d", "half-done", "smollm2-135m-instruct", "lora")
+    store.finish("0badf00d", "failed", error="RuntimeError: out of memory")
+    async with Client(merged["mcp"]) as client:
+        for job in ("0badf00d", "half-done"):
+            res = await client.call_tool("finetune_merge", {"job": job})
+            assert res.is_error
+            text = res.content[0].text  # type: ignore[union-attr]
+            assert "job 0badf00d is failed, not completed" in text and "finetune_resume" in text
+
+
+async def test_a_qlora_job_is_merged_into_a_16bit_reload_of_its_base(tmp_path: Path, hf_base: Path) -> None:
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (gpubox[train])")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    mcp = build_server(make_settings(tmp_path / "root", hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await ok(
+                client,
+                "finetune_plan",
+                dataset=str(DATASET),
+                method="qlora",
+                max_length=128,
+                per_device_train_batch_size=2,
+                max_steps=1,
+                learning_rate=2e-3,
+            )
+            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await wait_until(client, job["job_id"], lambda s: False)
+            assert st["state"] == "completed", st
+            m = await ok(client, "finetune_merge", job=st["adapter_name"], dtype="bf16")
+    finally:
+        state_of(mcp).close()
+    assert m["method"] == "qlora" and m["dtype"] == "bf16" and m["gguf_path"] is None
+    config = json.loads((Path(m["hf_path"]) / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and "quantization_config" not in config
+    tok = AutoTokenizer.from_pretrained(m["hf_path"])
+    plain = AutoModelForCausalLM.from_pretrained(m["hf_path"], dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(m["base_model"], dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, st["adapter_path"])
+    a, b = last_logits_hf(plain, tok, PROMPTS[0]), last_logits_hf(peft, tok, PROMPTS[0])
+    np.testing.assert_allclose(a, b, atol=0.5, rtol=0.05)  # bf16 keeps 8 bits of mantissa
+    assert a.argmax() == b.argmax()
+
+
+def test_the_rope_permutation_is_the_inverse_of_transformers_gguf_loader() -> None:
+    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rng = np.random.default_rng(0)
+    for n_head, n_kv, rows in ((9, 9, 576), (9, 3, 192)):
+        w = rng.standard_normal((rows, 32)).astype(np.float32)
+        permuted = permute_for_rope(w, n_head, n_kv)
+        assert not np.array_equal(permuted, w)
+        undone = LlamaTensorProcessor()._reverse_permute_weights(permuted, n_head, n_kv)
+        np.testing.assert_array_equal(undone, w)
