@@ -211,7 +211,8 @@ class Finetuner:
         for m in metrics:
             if "probe" in m:
                 st.probe = ProbeResult.model_validate(m["probe"])
-                self._calibrate_probe(job_id, job_dir, cfg, m["probe"], st)
+                if not row["probe_calibrated"]:
+                    self._calibrate_probe(job_id, job_dir, cfg, m["probe"], st)
                 continue
             if "event" in m:
                 st.events.append(m["event"])
@@ -243,8 +244,10 @@ class Finetuner:
             if result.get("peak_memory_gb"):
                 st.peak_memory_gb = result["peak_memory_gb"]
             if not row["calibrated"] and self.calibrate is not None and self.store.claim(job_id, "calibrated"):
+                # the estimator's calibrations are per device: the Trainer's token count sums all ranks
+                per_device = st.tokens_per_s / st.num_processes if st.tokens_per_s else None
                 note = self.calibrate(
-                    {**cfg, **result, "tokens_per_s": st.tokens_per_s, "peak_memory_gb": st.peak_memory_gb}
+                    {**cfg, **result, "tokens_per_s": per_device, "peak_memory_gb": st.peak_memory_gb}
                 )
                 _append_event(job_dir, note)
                 st.events.append(note)
