@@ -109,6 +109,13 @@ def test_a_model2vec_folder_is_detected_and_gives_normalised_vectors(m2v_model: 
     assert embedder.encode([]).shape == (0, PCA_DIMS)
 
 
+def test_a_configured_sentence_transformers_folder_still_loads_with_sentence_transformers() -> None:
+    embedder = Embedder(default_model_path(_minilm()))
+    assert embedder.backend == "sentence-transformers" and embedder.dimension() == 384
+    vecs = embedder.encode(["def retry_with_backoff(fn, attempts):"])
+    assert vecs.shape == (1, 384) and float((vecs**2).sum()) == pytest.approx(1.0, abs=1e-4)
+
+
 async def test_index_and_search_the_sample_repo_with_a_model2vec_model(tmp_path: Path, m2v_model: Path) -> None:
     repo = make_repo(tmp_path / "root" / "repo")
     settings = Settings.load(
