@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,11 +24,114 @@ class Ranked:
     sources: list[str]
 
 
-def _fts_query(text: str, drop_stopwords: bool = True) -> str:
+# Rows the lexical leg scores with bm25() per query. FTS5 walks a posting list cheaply (~0.1 us a row) but
+# evaluates bm25() at ~3 us a row (it reads each row's column sizes and hit positions), so at 100k chunks an OR
+# of words such as "request" or "parse" (20% of the chunks each) cost 30-110 ms. 2,000 rows is ~6 ms.
+LEXICAL_BUDGET = 2000
+
+
+def lexical_budget(store: IndexStore) -> int:
+    """Rows the lexical leg may score for one query (a function so an evaluation can scale it to a small corpus)."""
+    return LEXICAL_BUDGET
+
+
+def _fts_words(text: str, drop_stopwords: bool = True) -> list[str]:
     words = {w.lower() for w in WORD.findall(text)} | set(split_identifiers(text).split())
     # English glue words match nearly every chunk: they only add noise to BM25's OR query
-    words = {w for w in words if len(w) > 1 and not (drop_stopwords and w in STOPWORDS)}
-    return " OR ".join(f'"{w}"' for w in sorted(words))
+    return sorted(w for w in words if len(w) > 1 and not (drop_stopwords and w in STOPWORDS))
+
+
+def _fts_query(words: list[str]) -> str:
+    return " OR ".join(f'"{w}"' for w in words)
+
+
+def _doc_freq(db: sqlite3.Connection, word: str) -> int:
+    """Chunks holding `word` (FTS5's vocabulary table: one b-tree lookup). unicode61 splits parse_args into two
+    tokens, so a word with an underscore counts as its rarest part (an upper bound on the phrase's matches)."""
+    parts = [p for p in word.split("_") if p]
+    freqs = [
+        (row[0] if (row := db.execute("SELECT doc FROM chunks_vocab WHERE term = ?", (p,)).fetchone()) else 0)
+        for p in parts
+    ]
+    return min(freqs, default=0)
+
+
+def plan_lexical(db: sqlite3.Connection, words: list[str], budget: int) -> tuple[list[str], int, list[str]]:
+    """The query words to match, rarest first; how many rows they match at most; every word that matches any.
+
+    Words that match nothing are left out (they change no score). The rarest word is always kept; each next one
+    is added while the rows to score stay within `budget`, so a word that is very common next to a rare one is
+    dropped: its BM25 weight (IDF) is the smallest of the query's, and it would multiply the rows scored."""
+    freqs = {w: _doc_freq(db, w) for w in words}
+    live = sorted((w for w in words if freqs[w] > 0), key=lambda w: (freqs[w], w))
+    chosen: list[str] = []
+    total = 0
+    for w in live:
+        if chosen and total + freqs[w] > budget:
+            break
+        chosen.append(w)
+        total += freqs[w]
+    return chosen, total, live
+
+
+_BM25 = "bm25(chunks_fts, 10.0, 2.0, 1.0, 2.0)"  # weights: symbol name, path, body, split identifiers
+
+
+def _matches(db: sqlite3.Connection, match: str, cap: int) -> int:
+    """How many rows match, counted up to `cap` (a walk over the posting lists; nothing is scored)."""
+    sql = "SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)"
+    return int(db.execute(sql, (match, cap)).fetchone()[0])
+
+
+def _bm25_rows(db: sqlite3.Connection, match: str, limit: int, budget: int) -> tuple[list[tuple[int, float]], int]:
+    """Best `limit` (rowid, score) among the first `budget` rows matching an FTS5 query (rowid order, i.e. indexing
+    order: FTS5 finds the cut-off row by walking the posting lists), and how many rows were scored."""
+    scored = _matches(db, match, budget + 1)
+    if scored <= budget:
+        sql = f"SELECT rowid, {_BM25} AS s FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY s LIMIT ?"
+        return db.execute(sql, (match, limit)).fetchall(), scored
+    bound = db.execute(
+        "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rowid LIMIT 1 OFFSET ?", (match, budget)
+    ).fetchone()[0]
+    sql = f"SELECT rowid, {_BM25} AS s FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid < ? ORDER BY s LIMIT ?"
+    return db.execute(sql, (match, bound, limit)).fetchall(), budget
+
+
+def lexical(
+    store: IndexStore, text: str, n: int, allowed: set[int] | None, drop_stopwords: bool = True
+) -> list[tuple[int, float]]:
+    """BM25 over the FTS5 index, scoring at most `lexical_budget` rows per query (see LEXICAL_BUDGET).
+
+    The rarest words that fit the budget are matched (all of them on a small index: plain BM25). When words were
+    left out and fewer than the wanted rows came back, or every word is common ("request routing", "middleware"),
+    the rest of the budget goes, in this order, to the chunks holding all the words (BM25 ranks those first), the
+    chunks whose symbol or path holds a word (weighted 10x and 2x the body, so they lead a full ranking too), and
+    the body."""
+    db = store.connect()
+    words = _fts_words(text, drop_stopwords) or _fts_words(text, False)
+    left = lexical_budget(store)
+    chosen, total, live = plan_lexical(db, words, left)
+    if not chosen:
+        return []
+    limit = n * 4 if allowed is not None else n
+    rows: list[tuple[int, float]] = []
+    passes: list[str] = []
+    if total <= left:
+        passes.append(_fts_query(chosen))
+    elif len(live) > 1:
+        passes.append(" AND ".join(f'"{w}"' for w in live))
+    if len(live) > len(chosen) or total > left:
+        passes += ["{symbol path} : (" + _fts_query(live) + ")", _fts_query(live)]
+    seen: set[int] = set()
+    for match in passes:
+        if len(rows) >= limit or left <= 0:
+            break
+        got, scored = _bm25_rows(db, match, limit + len(seen), left)
+        left -= scored
+        new = [r for r in got if r[0] not in seen]
+        rows += new[: limit - len(rows)]
+        seen.update(i for i, _ in new)
+    return [(i, -s) for i, s in rows if allowed is None or i in allowed][:n]
 
 
 def _allowed(store: IndexStore, path_glob: str | None, language: str | None) -> list[int] | None:
@@ -39,25 +143,6 @@ def _allowed(store: IndexStore, path_glob: str | None, language: str | None) -> 
         for i, p, lang in rows
         if (not language or lang == language) and (not path_glob or fnmatch.fnmatch(p, path_glob))
     ]
-
-
-def lexical(
-    store: IndexStore, text: str, n: int, allowed: set[int] | None, drop_stopwords: bool = True
-) -> list[tuple[int, float]]:
-    q = _fts_query(text, drop_stopwords) or _fts_query(text, False)
-    if not q:
-        return []
-    # weights: symbol name, path, body, split identifiers
-    rows = (
-        store.connect()
-        .execute(
-            "SELECT rowid, bm25(chunks_fts, 10.0, 2.0, 1.0, 2.0) AS s FROM chunks_fts WHERE chunks_fts MATCH ? "
-            "ORDER BY s LIMIT ?",
-            (q, n * 4 if allowed is not None else n),
-        )
-        .fetchall()
-    )
-    return [(i, -s) for i, s in rows if allowed is None or i in allowed][:n]
 
 
 def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] | None) -> list[int]:

@@ -35,6 +35,8 @@ CREATE INDEX IF NOT EXISTS chunks_symbol ON chunks (symbol);
 -- the symbol leg matches names case-insensitively (parseArgs ~ ParseArgs): without this it scans every chunk
 CREATE INDEX IF NOT EXISTS chunks_symbol_nocase ON chunks (symbol COLLATE NOCASE);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(symbol, path, text, idents, tokenize = 'unicode61');
+-- per-term document counts, read by the lexical leg to keep its BM25 work bounded (query.plan_lexical)
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_vocab USING fts5vocab(chunks_fts, row);
 """
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
