@@ -274,13 +274,14 @@ def main() -> None:
     a = ap.parse_args()
     started = dt.datetime.now(dt.UTC)
     load_start = os.getloadavg()
-    lines: list[str] = []
+    text = ""
     with tempfile.TemporaryDirectory() as tmp:
         b = Bench(Path(tmp), a.steps)
         try:
             b.prepare()
             runs: list[Run] = []
             pack: list[tuple[Run, Run, float]] = []  # (job packing, plain packing, mean job tokens/s in its block)
+            liger_lines = liger_check(b, a.liger_site) if a.liger else []
             for _ in range(a.reps):
                 for side in ("job", "plain", "plain", "job"):
                     runs.append(b.job()[0] if side == "job" else b.plain())
@@ -289,16 +290,32 @@ def main() -> None:
                     jp, pp = b.job(packing=True)[0], b.plain(packing=True)
                     pack.append((jp, pp, statistics.mean(r.tokens_per_s for r in runs[-4:] if r.side == "job")))
                     print(row(len(runs), jp, "job, packing"), row(len(runs), pp, "plain, packing"), sep="\n")
-            liger_lines = liger_check(b, a.liger_site) if a.liger else []
+                # written after every block: on a box this loaded a run may have to be cut short
+                text = render(a, b, started, load_start, runs, pack, liger_lines)
+                if a.out:
+                    a.out.write_text(text, encoding="utf-8")
         finally:
             b.close()
+    print(text)
+
+
+def render(
+    a: argparse.Namespace,
+    b: Bench,
+    started: dt.datetime,
+    load_start: tuple[float, float, float],
+    runs: list[Run],
+    pack: list[tuple[Run, Run, float]],
+    liger_lines: list[str],
+) -> str:
     ratios = block_ratios(runs)
     jobs = [r.tokens_per_s for r in runs if r.side == "job"]
     plains = [r.tokens_per_s for r in runs if r.side == "plain"]
-    lines += [
+    lines = [
         f"# Fine-tuning throughput: finetune_launch job vs plain trl script ({b.plan_notes['device']})",
         "",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit {commit()}; {versions()}",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit {commit()}; {versions()}; {len(runs) // 4} of {a.reps} "
+        "blocks done",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPUs, shared with other engineers' tests; load average "
         f"(1/5/15 min) at the start {_loads(load_start)}, at the end {_loads(os.getloadavg())}",
         f"- Setup: bundled SmolLM2-135M-Instruct (GGUF dequantized to fp32 safetensors once), LoRA r=16 alpha 32 "
@@ -344,10 +361,7 @@ def main() -> None:
     if liger_lines:
         lines += ["", "## Liger kernels (use_liger_kernel=True)", "", *liger_lines]
     lines += ["", *gpu_lines(b, runs)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        a.out.write_text(text, encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def liger_check(b: Bench, site: Path | None) -> list[str]:
