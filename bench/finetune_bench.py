@@ -157,10 +157,17 @@ class Bench:
         )
         return run, plan
 
-    def plain(self, packing: bool = False, liger: bool = False, env_extra: dict[str, str] | None = None) -> Run:
-        assert self.train_rows is not None, "run a job first: the plain script trains on its row snapshot"
+    def plain(
+        self,
+        packing: bool = False,
+        liger: bool = False,
+        env_extra: dict[str, str] | None = None,
+        rows: Path | None = None,
+    ) -> Run:
+        rows = rows or self.train_rows
+        assert rows is not None, "run a job first: the plain script trains on its row snapshot"
         out = self.root / f"plain-{time.monotonic_ns()}"
-        argv = [self.base, str(self.train_rows), str(self.steps), "1" if packing else "0", "1" if liger else "0"]
+        argv = [self.base, str(rows), str(self.steps), "1" if packing else "0", "1" if liger else "0"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env_extra or {})}
         load0, t0 = os.getloadavg()[0], time.perf_counter()
         proc = subprocess.run(
@@ -379,7 +386,7 @@ def liger_check(b: Bench, site: Path | None) -> list[str]:
         out.append(f"- finetune_plan with use_liger_kernel=True failed: {exc}")
     env = {"PYTHONPATH": str(site)} if site else {}
     try:
-        r = b.plain(liger=True, env_extra=env)
+        r = b.plain(liger=True, env_extra=env, rows=DATASET)  # the file's own order: this run is no comparison
         out.append(f"- plain trl script with use_liger_kernel=True: ran, {r.tokens_per_s:.1f} tokens/s")
     except RuntimeError as exc:
         where = f"liger-kernel from {site}" if site else "the project venv"
