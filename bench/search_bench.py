@@ -1,20 +1,33 @@
 """Code-search benchmarks: indexing throughput vs raw encode, unchanged re-index, query latency at scale, quality.
 
     .venv/bin/python bench/search_bench.py [--repo DIR] [--scales 1000,10000,100000]
+        [--before-query REV] [--before-index REV [--index-rounds 2]] [--out FILE]
 
 Scale rows use real chunk texts with random unit vectors (latency depends on sizes, not on vector values);
 quality uses the real MiniLM on tests/data/sample_repo with a labelled query set.
+
+A shared machine's load moves every figure, so comparisons are taken side by side in one run:
+- `--before-query REV`: each latency query runs twice in a row, once with the lexical leg of REV's
+  tools/search/query.py and once with the current one (order alternating), in one server and one MCP session.
+- `--before-index REV`: REV's tree is installed apart (`git archive` + `pip install --target`) and the indexing of
+  the medium repository is timed in child processes alternating before/after/after/before...; each child loads the
+  model first (the sample repo) so only warm indexing is timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -23,6 +36,7 @@ from mcp import Client
 
 from gpubox.app import build_server
 from gpubox.settings import Settings
+from gpubox.tools.search import query
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.indexer import embed_text
 from gpubox.tools.search.service import SearchService
@@ -65,19 +79,106 @@ def call(mcp: object, tool: str, **args: object) -> dict:
     return anyio.run(go)
 
 
-def latencies(mcp: object, index: str, queries: list[str], n: int) -> list[float]:
-    async def go() -> list[float]:
-        out = []
+def latencies(
+    mcp: object, index: str, queries: list[str], n: int, variants: dict[str, Callable[[], None]]
+) -> dict[str, list[float]]:
+    """search_code wall times (ms) per variant; each query runs once per variant, back to back, the order
+    alternating, so both see the same machine load."""
+
+    async def go() -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {v: [] for v in variants}
+        names = list(variants)
         async with Client(mcp) as c:  # type: ignore[arg-type]
             for i in range(n + 5):
-                t = time.perf_counter()
-                r = await c.call_tool("search_code", {"query": queries[i % len(queries)], "index": index, "k": 10})
-                if i >= 5:
-                    out.append((time.perf_counter() - t) * 1000)
-                assert not r.is_error, r.content
+                for v in names if i % 2 == 0 else names[::-1]:
+                    variants[v]()
+                    t = time.perf_counter()
+                    r = await c.call_tool("search_code", {"query": queries[i % len(queries)], "index": index, "k": 10})
+                    if i >= 5:
+                        out[v].append((time.perf_counter() - t) * 1000)
+                    assert not r.is_error, r.content
         return out
 
     return anyio.run(go)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def query_variants(rev: str | None) -> dict[str, Callable[[], None]]:
+    """'now' only, or 'before' (REV's lexical leg) and 'now'. legs() looks `lexical` up in the query module at call
+    time, so swapping that one attribute swaps the leg and leaves everything else identical."""
+    now = query.lexical
+    if rev is None:
+        return {"now": lambda: None}
+    spec = importlib.util.spec_from_loader("gpubox_query_before", loader=None)
+    assert spec is not None
+    before = importlib.util.module_from_spec(spec)
+    exec(compile(git("show", f"{rev}:tools/search/query.py"), f"{rev}:query.py", "exec"), before.__dict__)
+    return {
+        "before": lambda: setattr(query, "lexical", before.lexical),
+        "now": lambda: setattr(query, "lexical", now),
+    }
+
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+import anyio
+from mcp import Client
+from gpubox.app import build_server
+from gpubox.settings import Settings
+work, repo, sample = map(Path, sys.argv[1:4])
+settings = Settings.load(state_dir=work, allowed_roots=[repo.parent, sample.parent], search_index_wait_seconds=3600)
+mcp = build_server(settings)
+async def go():
+    async with Client(mcp) as c:
+        await c.call_tool("search_index", {"path": str(sample), "name": "warm"})
+        r = await c.call_tool("search_index", {"path": str(repo), "name": "medium"})
+        return r.structured_content
+res = anyio.run(go)
+print(json.dumps({"seconds": res["seconds"], "chunks": res["embedded_chunks"]}))
+"""
+
+
+def index_ab(rev: str, repo: Path, sample: Path, rounds: int) -> list[str]:
+    """Warm indexing throughput of REV's tree and this one, alternating in child processes."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpubox-before-"))
+    src, site = tmp / "src", tmp / "site"
+    src.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
+    subprocess.run([*pip, str(src)], check=True, capture_output=True)
+    rates: dict[str, list[float]] = {"before": [], "now": []}
+    order = [("before", "now") if r % 2 == 0 else ("now", "before") for r in range(rounds)]
+    for r, pair in enumerate(order):
+        for v in pair:
+            env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+            if v == "before":  # the snapshot first on the path: the editable install's hook comes after PYTHONPATH
+                env["PYTHONPATH"] = str(site)
+            work = tmp / f"state-{v}-{r}"
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(work), str(repo), str(sample)],
+                env=env, capture_output=True, text=True, check=True, cwd=tmp,
+            )  # fmt: skip
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            rates[v].append(res["chunks"] / res["seconds"])
+            print(f"index A/B round {r + 1} {v}: {res['chunks']} chunks in {res['seconds']:.1f} s", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    lines = [
+        f"## Indexing throughput, {rev} vs now (`{repo.name}`, warm model, child processes alternating)",
+        "",
+        "| round | order | before chunks/s | now chunks/s | now / before |",
+        "|---|---|---|---|---|",
+    ]
+    for r, pair in enumerate(order):
+        b, n = rates["before"][r], rates["now"][r]
+        lines.append(f"| {r + 1} | {' then '.join(pair)} | {b:.1f} | {n:.1f} | {n / b:.2f} |")
+    b, n = statistics.mean(rates["before"]), statistics.mean(rates["now"])
+    lines += [f"| mean | | {b:.1f} | {n:.1f} | {n / b:.2f} |", ""]
+    return lines
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -91,6 +192,11 @@ def main() -> None:
     ap.add_argument("--repo", type=Path, default=site / "starlette", help="a real medium repository")
     ap.add_argument("--scales", default="1000,10000,100000")
     ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--before-query", metavar="REV", help="time REV's lexical leg beside the current one")
+    ap.add_argument("--before-index", metavar="REV", help="time REV's indexing beside the current one")
+    ap.add_argument("--index-rounds", type=int, default=2)
+    ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "search_run.md")
     ns = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(tempfile.mkdtemp(prefix="gpubox-search-bench-"))
@@ -100,7 +206,14 @@ def main() -> None:
     shutil.copytree(ROOT / "tests" / "data" / "sample_repo", sample)
     settings = Settings.load(state_dir=work / "state", allowed_roots=[work], search_index_wait_seconds=3600)
     mcp = build_server(settings)
-    lines = [f"# Code search benchmark ({os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')})", ""]
+    load = os.getloadavg()
+    lines = [
+        f"# Code search benchmark ({os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"commit {git('rev-parse', '--short', 'HEAD')}, load average at start {load[0]:.1f} / {load[1]:.1f})",
+        "",
+    ]
+    if ns.before_index:
+        lines += index_ab(ns.before_index, repo, sample, ns.index_rounds)
 
     # 1. indexing throughput vs raw encode of the same chunks (the server's model is loaded first, by
     # indexing the small sample repo, so both sides run warm)
@@ -142,7 +255,15 @@ def main() -> None:
     ]
 
     # 3. query latency through the MCP tool at scale
-    lines += ["## search_code latency through MCP (hybrid, k=10)", "", "| chunks | p50 ms | p95 ms |", "|---|---|---|"]
+    variants = query_variants(ns.before_query)
+    head = " | ".join(f"{v} p50 ms | {v} p95 ms" for v in variants)
+    title = f" ({ns.before_query}'s lexical leg vs now, interleaved)" if ns.before_query else ""
+    lines += [
+        f"## search_code latency through MCP (hybrid, k=10){title}",
+        "",
+        f"| chunks | {head} |",
+        "|---|" + "---|" * (2 * len(variants)),
+    ]
     base_rows = (
         svc.store("medium")
         .connect()
@@ -164,11 +285,23 @@ def main() -> None:
             store.insert_chunks(db, rows)
             store.set_meta(db, generation=1, model=str(emb.model_path), dim=384, root=str(repo), updated=time.time())
         store.close()
-        ms = latencies(mcp, name, queries, ns.queries)
-        lines.append(f"| {n:,} | {pct(ms, 0.5):.1f} | {pct(ms, 0.95):.1f} |")
-    lines += ["", "(scale rows: real chunk texts, random unit vectors; goal p50 under 30 ms at 100k)", ""]
+        ms = latencies(mcp, name, queries, ns.queries, variants)
+        cells = " | ".join(f"{pct(ms[v], 0.5):.1f} | {pct(ms[v], 0.95):.1f}" for v in variants)
+        lines.append(f"| {n:,} | {cells} |")
+        print(lines[-1], flush=True)
+    load = os.getloadavg()
+    lines += [
+        "",
+        f"(scale rows: real chunk texts, random unit vectors; goal p50 under 30 ms at 100k; load average at the end "
+        f"{load[0]:.1f} / {load[1]:.1f})",
+        "",
+    ]
 
     # 4. retrieval quality on the labelled sample repo
+    if ns.skip_quality:
+        ns.out.write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     lines += [
         "## Retrieval quality (tests/data/sample_repo, 20 labelled queries)",
         "",
@@ -186,7 +319,7 @@ def main() -> None:
         lines.append(f"| {mode} | {hits5 / len(LABELLED):.2f} | {rr / len(LABELLED):.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    (HERE / "results" / "search.md").write_text(text)
+    ns.out.write_text(text)
 
 
 if __name__ == "__main__":
