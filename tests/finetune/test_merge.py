@@ -182,6 +182,28 @@ async def test_a_job_that_did_not_complete_is_not_merged(merged: dict[str, Any])
             assert "job 0badf00d is failed, not completed" in text and "finetune_resume" in text
 
 
+async def test_a_base_without_a_gguf_origin_gets_the_hf_folder_and_the_converter_hint(merged: dict[str, Any]) -> None:
+    from gpubox.tools.finetune.adapter import finetuner
+
+    # the trained job again, as if its base had been an HF folder from the start (no GGUF to copy metadata from)
+    ft = finetuner(state_of(merged["mcp"]))
+    src = ft.store.job_dir(merged["final"]["job_id"])
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["base"].update(format="hf", path=cfg["base"]["hf_path"])
+    ft.store.create("0hf0base", "from-hf", "smollm2-135m-instruct-hf", "lora")
+    ft.store.job_dir("0hf0base").mkdir(parents=True)
+    (ft.store.job_dir("0hf0base") / "config.json").write_text(json.dumps(cfg))
+    ft.store.finish("0hf0base", "completed", result={"adapter_path": merged["final"]["adapter_path"]})
+    ft.store.update("0hf0base", calibrated=1)
+    async with Client(merged["mcp"]) as client:
+        res = await client.call_tool("finetune_merge", {"job": "0hf0base", "output_name": "hf-only", "gguf": "f16"})
+        listed = {x["name"]: x for x in (await ok(client, "infer_models"))["models"]}
+    assert res.is_error
+    text = res.content[0].text  # type: ignore[union-attr]
+    assert "merged HF folder is ready" in text and "convert_hf_to_gguf.py" in text
+    assert listed["hf-only"]["format"] == "hf" and "hf-only-f16" not in listed
+
+
 async def test_a_qlora_job_is_merged_into_a_16bit_reload_of_its_base(tmp_path: Path, hf_base: Path) -> None:
     pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (gpubox[train])")
     import torch
