@@ -108,8 +108,9 @@ class Merger:
                 if row["state"] in ("starting", "running")
                 else f"finetune_resume job_id='{row['id']}' finishes it"
             )
-            raise InvalidInputError(f"job {row['id']} is {row['state']}, not completed; only a finished adapter "
-                                    f"merges; {hint}")  # fmt: skip
+            raise InvalidInputError(
+                f"job {row['id']} is {row['state']}, not completed; only a finished adapter merges; {hint}"
+            )
         return row
 
     def prepare(self, ft: Finetuner, job: str, output_name: str | None, dtype: Dtype, gguf: GgufOut) -> dict[str, Any]:
