@@ -17,7 +17,6 @@ A shared machine's load moves every figure, so comparisons are taken side by sid
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,9 +112,8 @@ def query_variants(rev: str | None) -> dict[str, Callable[[], None]]:
     now = query.lexical
     if rev is None:
         return {"now": lambda: None}
-    spec = importlib.util.spec_from_loader("gpubox_query_before", loader=None)
-    assert spec is not None
-    before = importlib.util.module_from_spec(spec)
+    before = types.ModuleType("gpubox_query_before")
+    sys.modules[before.__name__] = before  # dataclasses look their module up there
     exec(compile(git("show", f"{rev}:tools/search/query.py"), f"{rev}:query.py", "exec"), before.__dict__)
     return {
         "before": lambda: setattr(query, "lexical", before.lexical),
