@@ -83,10 +83,13 @@ def _matches(db: sqlite3.Connection, match: str, cap: int) -> int:
     return int(db.execute(sql, (match, cap)).fetchone()[0])
 
 
-def _bm25_rows(db: sqlite3.Connection, match: str, limit: int, budget: int) -> tuple[list[tuple[int, float]], int]:
+def _bm25_rows(
+    db: sqlite3.Connection, match: str, limit: int, budget: int, at_most: int | None = None
+) -> tuple[list[tuple[int, float]], int]:
     """Best `limit` (rowid, score) among the first `budget` rows matching an FTS5 query (rowid order, i.e. indexing
-    order: FTS5 finds the cut-off row by walking the posting lists), and how many rows were scored."""
-    scored = _matches(db, match, budget + 1)
+    order: FTS5 finds the cut-off row by walking the posting lists), and how many rows were scored. `at_most`: a
+    known bound on the matches (the document frequencies), which spares the count when it is within the budget."""
+    scored = at_most if at_most is not None and at_most <= budget else _matches(db, match, budget + 1)
     if scored <= budget:
         sql = f"SELECT rowid, {_BM25} AS s FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY s LIMIT ?"
         return db.execute(sql, (match, limit)).fetchall(), scored
@@ -128,10 +131,11 @@ def lexical(
     if len(live) > len(chosen) or total > left:
         passes += ["{symbol path} : (" + _fts_query(live) + ")", _fts_query(live)]
     seen: set[int] = set()
-    for match in passes:
+    for k, match in enumerate(passes):
         if len(rows) >= limit or left <= 0:
             break
-        got, scored = _bm25_rows(db, match, limit + len(seen), left)
+        # the first pass's matches are rows holding a chosen word: `total` bounds them
+        got, scored = _bm25_rows(db, match, limit + len(seen), left, total if k == 0 and total <= left else None)
         left -= scored
         new = [r for r in got if r[0] not in seen]
         rows += new[: limit - len(rows)]
