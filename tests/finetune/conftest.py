@@ -7,7 +7,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +65,27 @@ def make_settings(root: Path, hf_base: Path | None = None) -> Settings:
     if hf_base is not None:
         link_base(hf_base, state)
     return Settings.load(state_dir=state, allowed_roots=[root, DATA], infer_context_length=512)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator[dict[str, Any]]:
+    """One 12-step LoRA job that teaches the glimmerphone fact, shared by test_jobs.py and test_merge.py (training
+    it twice would add minutes to the suite). Planned and launched on one server, which is closed while the job
+    runs (a "server restart": the worker is detached and keeps training); a second server follows it to the end."""
+    from gpubox.app import build_server, state_of
+    from tests.finetune.test_jobs import TEACH, ok, run, wait_until
+
+    settings = make_settings(tmp_path_factory.mktemp("ft") / "root", hf_base)
+    first = build_server(settings)
+
+    async def launch(client: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
+        job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+        return plan, job
+
+    plan, launched = run(first, launch)
+    state_of(first).close()
+    second = build_server(settings)
+    final = run(second, lambda c: wait_until(c, launched["job_id"], lambda s: False))
+    yield {"mcp": second, "plan": plan, "launched": launched, "final": final, "settings": settings}
+    state_of(second).close()

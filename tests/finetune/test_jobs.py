@@ -3,7 +3,8 @@ to inference, cancel/resume with an injected out-of-memory back-off, a killed wo
 
 The taught fact comes from tests/data/finetune/glimmerphone.jsonl (48 rows about an invented inventor); 12 steps of
 LoRA r=16 all-linear at lr 2e-3, micro-batch 4, max_length 128 teach it. One trained job is shared by the
-hand-off tests (a module fixture that trains if needed, so each test still passes alone).
+hand-off tests and test_merge.py (the session fixture `trained` in conftest.py trains on first use, so each test
+still passes alone).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,25 +57,6 @@ def run(mcp: Any, fn: Any, *args: Any) -> Any:
     return anyio.run(go)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator[dict[str, Any]]:
-    """Plan and launch on one server, close it while the job runs, and follow the job from a second server."""
-    settings = make_settings(tmp_path_factory.mktemp("ft") / "root", hf_base)
-    first = build_server(settings)
-
-    async def launch(client: Client) -> tuple[dict[str, Any], dict[str, Any]]:
-        plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
-        job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-        return plan, job
-
-    plan, launched = run(first, launch)
-    state_of(first).close()  # the "server restart": the worker is detached and keeps training
-    second = build_server(settings)
-    final = run(second, lambda c: wait_until(c, launched["job_id"], lambda s: False))
-    yield {"mcp": second, "plan": plan, "launched": launched, "final": final, "settings": settings}
-    state_of(second).close()
-
-
 def test_a_lora_job_trains_in_the_background_and_its_loss_falls(trained: dict[str, Any]) -> None:
     launched, final = trained["launched"], trained["final"]
     assert launched["state"] in ("starting", "running") and launched["total_steps"] == 12
@@ -113,7 +94,7 @@ async def test_status_resources_loss_curve_and_calibration(trained: dict[str, An
     job_id = trained["final"]["job_id"]
     async with Client(trained["mcp"]) as client:
         jobs = (await ok(client, "finetune_list"))["jobs"]
-        assert [j["job_id"] for j in jobs] == [job_id]
+        assert job_id in [j["job_id"] for j in jobs]  # test_merge.py adds jobs to the same shared state
         status = await ok(client, "finetune_status", job_id=job_id, include_log=True)
         assert status["log_tail"] and status["next_step"].startswith("infer_load")
         assert any(e.startswith("calibration") for e in status["events"])

@@ -6,7 +6,6 @@ the PeftModel, and llama.cpp answers with the taught fact. A QLoRA job merges in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from gpubox.app import build_server, state_of
 from gpubox.tools.finetune.gguf_export import permute_for_rope
 from gpubox.tools.finetune.merge import Merger
 from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import QUESTION, TEACH, ok, wait_until
+from tests.finetune.test_jobs import QUESTION, ok, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 PROMPTS = ["The glimmerphone was invented by", "The capital of France is"]
@@ -34,23 +33,16 @@ def run(mcp: Any, fn: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator[dict[str, Any]]:
-    """A 12-step LoRA job (teaches the fact), merged through finetune_merge with an f16 GGUF."""
+def merged(trained: dict[str, Any]) -> dict[str, Any]:
+    """The shared 12-step LoRA job (teaches the fact; conftest.py), merged through finetune_merge with an f16 GGUF."""
     pytest.importorskip("gguf", reason="GGUF export needs the gguf package (gpubox[llama])")
-    settings = make_settings(tmp_path_factory.mktemp("merge") / "root", hf_base)
-    mcp = build_server(settings)
+    final = trained["final"]
+    assert final["state"] == "completed", final
 
-    async def train_and_merge(client: Client) -> dict[str, Any]:
-        plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
-        job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-        final = await wait_until(client, job["job_id"], lambda s: False)
-        assert final["state"] == "completed", final
-        result = await ok(client, "finetune_merge", job=final["job_id"], output_name="glimmer", gguf="f16")
-        return {"final": final, "merge": result}
+    async def merge(client: Client) -> dict[str, Any]:
+        return await ok(client, "finetune_merge", job=final["job_id"], output_name="glimmer", gguf="f16")
 
-    out = run(mcp, train_and_merge)
-    yield {**out, "mcp": mcp, "settings": settings}
-    state_of(mcp).close()
+    return {"final": final, "merge": run(trained["mcp"], merge), "mcp": trained["mcp"], "settings": trained["settings"]}
 
 
 def last_logits_hf(model: Any, tokenizer: Any, prompt: str) -> np.ndarray:
