@@ -64,6 +64,15 @@ def search(index: Any, query: Any, k: int, allowed_ids: list[int] | None = None)
         if not allowed_ids:
             return []
         params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.asarray(allowed_ids, dtype=np.int64)))
-    faiss.omp_set_num_threads(1)  # single queries: OpenMP overhead makes more threads slower and jittery
-    scores, ids = index.search(np.asarray(query, dtype=np.float32).reshape(1, -1), min(k, index.ntotal), params=params)
+    # One OpenMP thread for a single query (more only adds fork/join overhead and jitter), restored afterwards:
+    # the setting is per calling thread and torch shares the OpenMP runtime, so leaving it at 1 made every later
+    # query embedding on this thread ~1.5x slower.
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        scores, ids = index.search(
+            np.asarray(query, dtype=np.float32).reshape(1, -1), min(k, index.ntotal), params=params
+        )
+    finally:
+        faiss.omp_set_num_threads(before)
     return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i != -1]
