@@ -18,4 +18,5 @@ nvidia-smi || true
 # bench_device through MCP; then the tool's figures against a bare script timing the same SDPA kernels
 python3 bench/gpu_checks.py
 python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
-python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
+# the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
+GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
