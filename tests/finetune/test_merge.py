@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
 import pytest
 from mcp import Client
 
@@ -20,6 +19,7 @@ from gpubox.tools.finetune.merge import Merger
 from tests.finetune.conftest import DATASET, make_settings
 from tests.finetune.test_jobs import QUESTION, ok, wait_until
 
+np = pytest.importorskip("numpy", reason="needs gpubox[train]")  # a core-only install collects this file too
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 PROMPTS = ["The glimmerphone was invented by", "The capital of France is"]
 

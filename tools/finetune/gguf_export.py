@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # numpy comes with the export's extras; the server imports this module on core installs
+    import numpy as np
 
 from gpubox.errors import InvalidInputError
 
@@ -74,6 +75,7 @@ def write_gguf(
     torch tensors or arrays). Returns counts for the result. Raises InvalidInputError on any mismatch, before
     anything is written."""
     import gguf
+    import numpy as np
 
     reader = gguf.GGUFReader(str(source))
     arch = check_exportable(source)
