@@ -1,6 +1,7 @@
 """finetune_merge on real jobs: a LoRA job on the bundled SmolLM2 (the glimmerphone fact, as in test_jobs.py) is
 merged through the MCP tool into a 16-bit HF folder and a GGUF; transformers and llama.cpp load them, agree with
-the PeftModel, and llama.cpp answers with the taught fact. A QLoRA job merges into a 16-bit reload of its base.
+the PeftModel, and llama.cpp answers with the taught fact. (A QLoRA job's merge into a 16-bit reload of its base
+is tested in test_qlora.py, on the QLoRA job trained there.)
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import anyio
 import pytest
 from mcp import Client
 
-from gpubox.app import build_server, state_of
+from gpubox.app import state_of
 from gpubox.tools.finetune.gguf_export import permute_for_rope
 from gpubox.tools.finetune.merge import Merger
-from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import QUESTION, ok, wait_until
+from tests.finetune.test_jobs import QUESTION, ok
 
 np = pytest.importorskip("numpy", reason="needs gpubox[train]")  # a core-only install collects this file too
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -194,43 +194,6 @@ async def test_a_base_without_a_gguf_origin_gets_the_hf_folder_and_the_converter
     text = res.content[0].text  # type: ignore[union-attr]
     assert "merged HF folder is ready" in text and "convert_hf_to_gguf.py" in text
     assert listed["hf-only"]["format"] == "hf" and "hf-only-f16" not in listed
-
-
-async def test_a_qlora_job_is_merged_into_a_16bit_reload_of_its_base(tmp_path: Path, hf_base: Path) -> None:
-    pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (gpubox[train])")
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    mcp = build_server(make_settings(tmp_path / "root", hf_base))
-    try:
-        async with Client(mcp) as client:
-            plan = await ok(
-                client,
-                "finetune_plan",
-                dataset=str(DATASET),
-                method="qlora",
-                max_length=128,
-                per_device_train_batch_size=2,
-                max_steps=1,
-                learning_rate=2e-3,
-            )
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            st = await wait_until(client, job["job_id"], lambda s: False)
-            assert st["state"] == "completed", st
-            m = await ok(client, "finetune_merge", job=st["adapter_name"], dtype="bf16")
-    finally:
-        state_of(mcp).close()
-    assert m["method"] == "qlora" and m["dtype"] == "bf16" and m["gguf_path"] is None
-    config = json.loads((Path(m["hf_path"]) / "config.json").read_text())
-    assert config["dtype"] == "bfloat16" and "quantization_config" not in config
-    tok = AutoTokenizer.from_pretrained(m["hf_path"])
-    plain = AutoModelForCausalLM.from_pretrained(m["hf_path"], dtype=torch.float32)
-    base = AutoModelForCausalLM.from_pretrained(m["base_model"], dtype=torch.float32)
-    peft = PeftModel.from_pretrained(base, st["adapter_path"])
-    a, b = last_logits_hf(plain, tok, PROMPTS[0]), last_logits_hf(peft, tok, PROMPTS[0])
-    np.testing.assert_allclose(a, b, atol=0.5, rtol=0.05)  # bf16 keeps 8 bits of mantissa
-    assert a.argmax() == b.argmax()
 
 
 def test_the_rope_permutation_is_the_inverse_of_transformers_gguf_loader() -> None:
