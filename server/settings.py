@@ -141,6 +141,11 @@ class Settings(BaseSettings):
         description="Chunk count above which an approximate FAISS index (HNSW) replaces exact search.",
     )
     search_embed_batch: int = Field(default=32, ge=1, le=4096, description="Embedding batch size.")
+    search_embed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Precision of the embedding model: auto = fp16 on a GPU, bf16 on a CPU that multiplies bf16 "
+        "natively (AMX or AVX512-BF16), else fp32. Vectors from either precision can share an index.",
+    )
 
     # --- inference -----------------------------------------------------------------------------
     infer_max_resident: int = Field(default=2, ge=1, le=64, description="Models kept loaded at once (LRU eviction).")

@@ -222,3 +222,34 @@ async def test_a_different_embedding_model_is_detected(search_env: Any) -> None:
         assert result.is_error and "other-embedder" in result.content[0].text  # type: ignore[union-attr]
         lexical = await call(client, "search_code", query="retry", index="othermodel", mode="lexical")
         assert lexical["hits"]
+
+
+async def test_large_index_tier_answers_like_the_exact_one_through_the_tool(search_env: Any, repo: Path) -> None:
+    """The two-pass index (used past vectors.EXACT_MAX chunks) swapped in for this small index: search_code must
+    return the same hits, filters included (its filtered search maps row ids to positions and back)."""
+    from gpubox.tools.search import vectors
+
+    svc = search_service(state_of(search_env[0]))
+    store = svc.store("repo")
+    ids, blob = store.all_vectors(store.connect())
+    gen = int(store.meta()["generation"])
+    tiers = {"exact": vectors.build(ids, blob, 384, 200_000), "two-pass": vectors.build(ids, blob, 384, 200_000, 0)}
+    cases: list[dict[str, Any]] = [{"query": q} for q in KNOWN] + [
+        {"query": "request handling", "language": "go"},
+        {"query": "items", "path_glob": "inventory/*.py"},
+    ]
+    got: dict[str, list[list[tuple[str, int]]]] = {}
+    try:
+        async with Client(search_env[0]) as client:
+            for tier, index in tiers.items():
+                assert vectors.kind(index) == tier
+                svc._faiss["repo"] = (gen, index)
+                got[tier] = []
+                for c in cases:
+                    for m in ("vector", "hybrid"):
+                        res = await call(client, "search_code", index="repo", mode=m, **c)
+                        got[tier].append([(h["path"], h["start_line"]) for h in res["hits"]])
+    finally:
+        svc._faiss.pop("repo", None)  # the next search loads the index from disk again
+    assert got["two-pass"] == got["exact"]
+    assert all(hits for hits in got["exact"])

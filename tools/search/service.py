@@ -57,7 +57,11 @@ class SearchService:
         self.settings = settings
         self.base = settings.state_dir / "search"
         self.base.mkdir(parents=True, exist_ok=True)
-        self.embedder = Embedder(default_model_path(settings.search_embedding_model), settings.search_embed_batch)
+        self.embedder = Embedder(
+            default_model_path(settings.search_embedding_model),
+            settings.search_embed_batch,
+            dtype=settings.search_embed_dtype,
+        )
         self._stores: dict[str, IndexStore] = {}
         self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
         self._jobs: dict[str, Progress] = {}
@@ -269,7 +273,7 @@ class SearchService:
                 "use mode='lexical', or search_drop and re-index"
             )
         index = self._faiss_index(name, store) if mode != "lexical" else None
-        embed = (lambda: self.embedder.encode([query])[0]) if mode != "lexical" else None
+        embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
         ranked = hybrid(store, index, embed, query, mode, max(n, 50), path_glob, language)
         page = ranked[offset:n]

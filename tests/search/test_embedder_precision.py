@@ -1,0 +1,72 @@
+"""The MiniLM embedder's query path and precisions: a query (in bf16 where the CPU multiplies bf16 natively) must
+rank documents as the fp32 document path does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpubox.bundled import minilm_dir
+from gpubox.tools.search.embedder import Embedder, cpu_has_bf16
+from tests.search.conftest import skip_without_search
+
+skip_without_search()
+pytestmark = pytest.mark.slow
+
+DOCS = [
+    "inventory/retry.py retry_with_backoff\ndef retry_with_backoff(fn, attempts=5, base=0.1):\n"
+    "    for i in range(attempts):\n        try:\n            return fn()\n        except Exception:\n"
+    "            time.sleep(base * 2 ** i)",
+    "native/crc32.c crc32\nuint32_t crc32(const uint8_t *buf, size_t len) { uint32_t c = 0xffffffff; "
+    "for (size_t i = 0; i < len; i++) c = table[(c ^ buf[i]) & 0xff] ^ (c >> 8); return c ^ 0xffffffff; }",
+    "web/src/debounce.js debounce\nexport function debounce(fn, ms) { let t; return (...a) => "
+    "{ clearTimeout(t); t = setTimeout(() => fn(...a), ms); }; }",
+    "server/ratelimit.go RateLimiter\ntype RateLimiter struct { tokens float64; rate float64; last time.Time }",
+]
+QUERIES = {
+    "exponential backoff retry": 0,
+    "compute checksum of a byte buffer": 1,
+    "delay a function until the user stops typing": 2,
+    "token bucket rate limiting": 3,
+}
+
+
+def _minilm() -> Path:
+    path = minilm_dir()
+    assert path is not None  # skip_without_search checked it
+    return path
+
+
+def test_a_query_is_embedded_like_a_document() -> None:
+    import numpy as np
+
+    embedder = Embedder(_minilm(), dtype="float32")
+    q = embedder.encode_query("exponential backoff retry")
+    assert q.shape == (384,) and q.dtype == np.float32
+    assert float(np.linalg.norm(q)) == pytest.approx(1.0, abs=1e-5)
+    doc_path = embedder.encode(["exponential backoff retry"])[0]  # MiniLM has no query prompt: same text, same vector
+    assert float(q @ doc_path) > 0.9999
+
+
+def test_bf16_vectors_agree_with_fp32_and_rank_documents_the_same() -> None:
+    import numpy as np
+
+    f32, b16 = Embedder(_minilm(), dtype="float32"), Embedder(_minilm(), dtype="bfloat16")
+    a, b = f32.encode(DOCS, bulk=True), b16.encode(DOCS, bulk=True)
+    assert (f32.dtype, b16.dtype) == ("float32", "bfloat16")
+    assert b.dtype == np.float32 and np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    assert float((a * b).sum(axis=1).min()) > 0.995
+    for query, want in QUERIES.items():
+        q32, q16 = f32.encode_query(query), b16.encode_query(query)
+        assert float(q32 @ q16) > 0.995
+        assert int(np.argmax(a @ q32)) == int(np.argmax(b @ q16)) == int(np.argmax(a @ q16)) == want
+
+
+def test_auto_precision_follows_the_cpu() -> None:
+    embedder = Embedder(_minilm())
+    embedder.encode_query("warm up")
+    if embedder.device == "cuda":
+        assert embedder.dtype == "float16"
+    else:
+        assert embedder.dtype == ("bfloat16" if cpu_has_bf16() else "float32")
