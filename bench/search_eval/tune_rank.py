@@ -92,7 +92,7 @@ def collect(
             if q.id in saved:
                 continue
             index = svc._faiss_index(name, svc.store(name))
-            vec = svc.embedder.encode([q.query])[0]
+            vec = svc.embedder.encode_query(q.query)
             found = legs(stores[name], index, lambda v=vec: v, q.query, "hybrid", 50, None, classify(q.query))
             saved[q.id] = {leg: [[i, float(sc)] for i, sc in items] for leg, items in found.items()}
         if cache:

@@ -47,6 +47,35 @@ def test_a_query_is_embedded_like_a_document() -> None:
     assert float(np.linalg.norm(q)) == pytest.approx(1.0, abs=1e-5)
     doc_path = embedder.encode(["exponential backoff retry"])[0]  # MiniLM has no query prompt: same text, same vector
     assert float(q @ doc_path) > 0.9999
+    # the direct mean-pooled path (MiniLM qualifies) gives sentence-transformers' own query vector, truncation too
+    assert embedder._direct_query
+    long_query = " ".join(["parse the yaml document and report the line of each error"] * 60)  # > 256 tokens
+    for text in ("exponential backoff retry", long_query):
+        st_vec = embedder._load().encode_query([text], convert_to_numpy=True, normalize_embeddings=True)[0]
+        assert float(embedder.encode_query(text) @ st_vec) > 0.9999
+
+
+def test_a_repeated_query_reuses_its_vector_and_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from gpubox.tools.search import embedder as embedder_mod
+
+    monkeypatch.setattr(embedder_mod, "RECENT_QUERIES", 2)
+    embedder = Embedder(_minilm(), dtype="float32")
+    first = embedder.encode_query("token bucket rate limiting")
+    first[:] = 0  # a caller may change what it got: the cache must hand out copies
+    calls: list[str] = []
+    real = embedder._mean_pooled
+    monkeypatch.setattr(embedder, "_mean_pooled", lambda m, t: calls.append(t) or real(m, t))
+    again = embedder.encode_query("token bucket rate limiting")
+    assert calls == [] and float(np.linalg.norm(again)) == pytest.approx(1.0, abs=1e-5)  # paging: no second forward
+    embedder.encode_query("a")
+    embedder.encode_query("b")  # the oldest entry is evicted past RECENT_QUERIES
+    embedder.encode_query("token bucket rate limiting")
+    assert calls == ["a", "b", "token bucket rate limiting"]
+    embedder.forget_queries()
+    embedder.encode_query("b")
+    assert calls[-1] == "b"
 
 
 def test_bf16_vectors_agree_with_fp32_and_rank_documents_the_same() -> None:

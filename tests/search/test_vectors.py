@@ -1,5 +1,5 @@
-"""Vector index tiers (tools/search/vectors.py): past EXACT_MAX the two-pass index (4-bit codes, then the best
-k x K_FACTOR rescored on fp16 vectors) must give the exact index's answers, filters included."""
+"""Vector index tiers (tools/search/vectors.py): past EXACT_MAX the two-pass index (a 4-bit product-quantiser fast
+scan, then the best k x K_FACTOR rescored on fp16 vectors) must give the exact index's answers, filters included."""
 
 from __future__ import annotations
 

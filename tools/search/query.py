@@ -202,10 +202,8 @@ def legs(
     allowed_list: list[int] | None,
     profile: QueryProfile,
 ) -> dict[str, list[tuple[int, float]]]:
-    """Each leg's ranked (chunk id, score) list. `embed` computes the query vector first, alone: a query's forward
-    pass is ~150 small torch ops, each taking the GIL back, and beside the lexical thread's Python it ran up to 2x
-    slower (bench/results/search.md). The vector search (one long FAISS call without the GIL) and the lexical
-    side (SQLite, mostly without it) then run at the same time on two threads."""
+    """Each leg's ranked (chunk id, score) list. `embed` computes the query vector; it runs while SQLite answers
+    the lexical side on another thread (torch, FAISS and SQLite all release the GIL, so the legs overlap)."""
     allowed = set(allowed_list) if allowed_list is not None else None
 
     def lexical_side() -> dict[str, list[tuple[int, float]]]:
@@ -218,12 +216,10 @@ def legs(
             out["symbol"] = [(i, 1.0) for i in symbols(store, profile.identifiers, allowed)][:n]
         return out
 
-    use_vector = mode in ("hybrid", "vector") and embed is not None
-    query_vector = embed() if use_vector and embed is not None else None
     pending = _LEXICAL_POOL.submit(lexical_side) if mode != "vector" else None
     lists: dict[str, list[tuple[int, float]]] = {}
-    if use_vector:
-        lists["vector"] = vectors.search(index, query_vector, n, allowed_list)
+    if mode in ("hybrid", "vector") and embed is not None:
+        lists["vector"] = vectors.search(index, embed(), n, allowed_list)
     if pending is not None:
         lists.update(pending.result())
     return lists
