@@ -138,9 +138,15 @@ class Settings(BaseSettings):
         default=200_000,
         ge=1000,
         le=100_000_000,
-        description="Chunk count above which an approximate FAISS index (HNSW) replaces exact search.",
+        description="Chunk count above which FAISS HNSW replaces the exact-ranking search (exact over fp16 vectors "
+        "up to 20,000 chunks, then a 4-bit fast scan whose best candidates are rescored on the fp16 vectors).",
     )
     search_embed_batch: int = Field(default=32, ge=1, le=4096, description="Embedding batch size.")
+    search_onnx_queries: bool = Field(
+        default=True,
+        description="On a CPU, embed search queries with ONNX Runtime (the model exported once into the state dir; "
+        "about 2x faster than PyTorch for a short query) when onnxruntime and onnx are installed.",
+    )
     search_embed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="Precision of the embedding model: auto = fp16 on a GPU, bf16 on a CPU that multiplies bf16 "

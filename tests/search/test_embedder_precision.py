@@ -99,3 +99,46 @@ def test_auto_precision_follows_the_cpu() -> None:
         assert embedder.dtype == "float16"
     else:
         assert embedder.dtype == ("bfloat16" if cpu_has_bf16() else "float32")
+
+
+def test_queries_run_on_onnx_runtime_with_the_same_vectors(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
+    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
+    import numpy as np
+
+    reference = Embedder(_minilm(), dtype="float32")
+    embedder = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a")
+    embedder.dimension()  # loads the model, exports it once and checks the export against PyTorch
+    assert embedder._onnx is not None
+    exported = list((tmp_path / "a").glob("*.onnx"))
+    assert len(exported) == 1
+    for query in [*QUERIES, " ".join(["parse the yaml document and report each error"] * 60)]:
+        assert float(embedder.encode_query(query) @ reference.encode_query(query)) > 0.9999
+    # a second server on the same state dir reuses the file; one on another state dir gets a copy
+    mtime = exported[0].stat().st_mtime_ns
+    Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a").dimension()
+    assert exported[0].stat().st_mtime_ns == mtime
+    other = Embedder(_minilm(), onnx_cache=tmp_path / "b")  # auto precision: bf16 documents on AMX CPUs
+    other.dimension()
+    assert other._onnx is not None and len(list((tmp_path / "b").glob("*.onnx"))) == 1
+    vec = other.encode_query("exponential backoff retry")
+    assert vec.dtype == np.float32 and float(np.linalg.norm(vec)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_an_export_that_disagrees_with_pytorch_is_not_used(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
+    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
+    import numpy as np
+
+    from gpubox.tools.search import onnx_query
+
+    embedder = Embedder(_minilm(), dtype="float32")
+    model = embedder._load()
+    wrong = lambda text: np.ones(384, dtype=np.float32)  # noqa: E731  (what a broken export would be checked against)
+    assert onnx_query.load(model, _minilm(), tmp_path, wrong) is None
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tmp_path.glob("*.onnx"):
+        (broken / f.name).write_bytes(b"not an onnx file")  # a corrupt cached export: refused, never a crash
+    assert onnx_query.load(model, _minilm(), broken, lambda t: embedder._mean_pooled(model, t)) is None
+    assert float(np.linalg.norm(embedder.encode_query("exponential backoff retry"))) == pytest.approx(1.0, abs=1e-5)

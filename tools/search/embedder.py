@@ -116,7 +116,12 @@ class Embedder:
     another model is refused rather than searched or extended with vectors from two models."""
 
     def __init__(
-        self, model_path: Path, batch_size: int = 32, max_seq_length: int = 256, dtype: Dtype = "auto"
+        self,
+        model_path: Path,
+        batch_size: int = 32,
+        max_seq_length: int = 256,
+        dtype: Dtype = "auto",
+        onnx_cache: Path | None = None,
     ) -> None:
         self.model_path = model_path
         self.backend: Backend = model_backend(model_path)
@@ -124,6 +129,8 @@ class Embedder:
         self.max_seq_length = max_seq_length
         self.dtype_setting: Dtype = dtype
         self.dtype = "float32"  # what the loaded model computes in (set by _load_st)
+        self.onnx_cache = onnx_cache  # where the ONNX query encoder is exported; None: queries on PyTorch
+        self._onnx: Any = None  # onnx_query.OnnxQueryEncoder once exported and checked
         self._model: Any = None
         self._lock = _PriorityLock()
         self._load_lock = threading.Lock()
@@ -169,6 +176,14 @@ class Embedder:
             # the fp32 vectors >= 0.998 (same search results on the labelled set)
             model = model.to(torch.bfloat16)
             self.dtype = "bfloat16"
+        self._model = model  # _direct_query and the ONNX check read it (still under _load_lock)
+        if self.device == "cpu" and self.onnx_cache is not None and self._direct_query:
+            from gpubox.tools.search import onnx_query
+
+            if onnx_query.available():
+                self._onnx = onnx_query.load(
+                    model, self.model_path, self.onnx_cache, lambda t: self._mean_pooled(model, t)
+                )
         return model
 
     def _load_model2vec(self) -> Any:
@@ -227,6 +242,8 @@ class Embedder:
         with self._lock.hold(query=True):
             if self.backend == "model2vec":
                 vec = model.encode([text], show_progress_bar=False, use_multiprocessing=False)
+            elif self._onnx is not None:
+                vec = self._onnx.encode(text)
             elif self._direct_query:
                 vec = self._mean_pooled(model, text)
             else:
@@ -248,13 +265,14 @@ class Embedder:
         """Whether the loaded model is the plain transformer -> mean pooling (-> normalise) pipeline with no query
         prompt (MiniLM and most sentence-transformers models): then one query skips encode_query's batching and
         feature plumbing, ~4 ms of a ~20 ms query embedding on a CPU, for the same vector."""
-        mods = list(self._load())
+        model = self._model  # read after loading (encode_query, _load_st): never loads, so no lock re-entry
+        mods = list(model)
         names = [type(m).__name__ for m in mods]
         return (
             names[:2] == ["Transformer", "Pooling"]
             and set(names[2:]) <= {"Normalize"}
             and getattr(mods[1], "pooling_mode", None) == "mean"
-            and not (self._load().prompts or {}).get("query")
+            and not (model.prompts or {}).get("query")
             and hasattr(mods[0], "auto_model")
         )
 

@@ -61,6 +61,7 @@ class SearchService:
             default_model_path(settings.search_embedding_model),
             settings.search_embed_batch,
             dtype=settings.search_embed_dtype,
+            onnx_cache=settings.state_dir / "onnx" if settings.search_onnx_queries else None,
         )
         self._stores: dict[str, IndexStore] = {}
         self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
