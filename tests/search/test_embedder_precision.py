@@ -141,4 +141,5 @@ def test_an_export_that_disagrees_with_pytorch_is_not_used(tmp_path: Path) -> No
     for f in tmp_path.glob("*.onnx"):
         (broken / f.name).write_bytes(b"not an onnx file")  # a corrupt cached export: refused, never a crash
     assert onnx_query.load(model, _minilm(), broken, lambda t: embedder._mean_pooled(model, t)) is None
+    assert not list(broken.glob("*.onnx"))  # removed, so the next start exports it afresh
     assert float(np.linalg.norm(embedder.encode_query("exponential backoff retry"))) == pytest.approx(1.0, abs=1e-5)

@@ -142,4 +142,6 @@ def load(st_model: Any, model_dir: Path, cache_dir: Path, reference: Any) -> Onn
         return encoder
     except Exception as e:  # an export a model's code does not support: the PyTorch path still works
         log.warning("ONNX export of %s failed (%s: %s); queries stay on PyTorch", model_dir, type(e).__name__, e)
+        path.unlink(missing_ok=True)  # a corrupt cached file is exported afresh by the next start
+        _EXPORTED.pop(path.name, None)
         return None
