@@ -69,6 +69,21 @@ def test_the_launch_command_uses_accelerate_for_several_processes(tmp_path: Path
     assert launcher.environment(2, "cpu")["OMP_NUM_THREADS"].isdigit()
 
 
+def test_the_rank_that_failed_first_is_read_from_the_launchers_summary_of_this_launch_only() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def summary(rank: int, exitcode: int) -> str:  # torch elastic's own text, as the launcher logs it
+        failure = ProcessFailure(local_rank=rank, pid=4321, exitcode=exitcode, error_file="<N/A>")
+        return str(ChildFailedError(launcher.WORKER, {rank: failure}))
+
+    started = f"{launcher.STARTED}0 of world size 2, pid 1\n"
+    assert launcher.root_cause(started + summary(1, -9)) == "rank 1 (local_rank: 1) failed first: exitcode -9 (SIGKILL)"
+    assert launcher.root_cause(started + summary(0, 1)) == "rank 0 (local_rank: 0) failed first: exitcode 1"
+    # a resumed job appends to the same log: the first attempt's summary says nothing about the second
+    assert launcher.root_cause(summary(1, -9) + started + "Traceback (most recent call last):\n") is None
+    assert launcher.root_cause(started) is None
+
+
 async def test_a_model_loaded_for_inference_is_named_in_the_plan_with_how_to_free_it(
     tmp_path: Path, hf_base: Path
 ) -> None:

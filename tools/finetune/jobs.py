@@ -122,7 +122,13 @@ class JobStore:
         row = self.get(job_id)
         if row is None or row["state"] not in ACTIVE:
             return row
-        self.finish(job_id, "failed", error="the worker process exited without finishing; see log_tail")
+        # a multi-rank job's lead records what it saw and leaves the state to this point, when the launcher has
+        # exited and logged which rank failed first
+        from gpubox.tools.finetune.launcher import root_cause
+
+        first = root_cause(log_tail(self.job_dir(job_id), lines=400))
+        seen = row["error"] or "the worker process exited without finishing"
+        self.finish(job_id, "failed", error=f"{first}; {seen}; see log_tail" if first else f"{seen}; see log_tail")
         return self.get(job_id)
 
     def active(self) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ every rank and stops all ranks when one fails, so a dead rank fails the job inst
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import psutil
 from gpubox.errors import InvalidInputError
 
 WORKER = "gpubox.tools.finetune.worker"
+STARTED = "gpubox finetune worker: rank "  # the first line each rank prints (worker.main)
 # How long the torchrun agent waits for ranks to checkpoint after SIGTERM before it SIGKILLs them (its default of
 # 30 s can cut a long CPU step short); also the longest a rank blocked on a dead peer delays the job's failure.
 SHUTDOWN_TIMEOUT_S = 120
@@ -87,3 +89,26 @@ def environment(num_processes: int, device: str) -> dict[str, str]:
         # ranks share the cores instead of each spawning a thread per core
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // num_processes))
     return env
+
+
+# torch elastic's ChildFailedError summary (torch/distributed/elastic/multiprocessing/errors/__init__.py) names the
+# rank that failed first: "Root Cause (first observed failure):" then "rank      : 1 (local_rank: 1)",
+# "exitcode  : -9 (pid: 123) (SIGKILL)" (a negative exit code is the signal that killed it).
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.*)$")
+
+
+def root_cause(log_text: str) -> str | None:
+    """'rank 1 (local_rank: 1) failed first: exitcode -9 (SIGKILL)' from the launcher's summary, if the log has one."""
+    # a resumed job appends to the same log: only a summary after this launch's first worker line counts
+    at = log_text.rfind(_ROOT_CAUSE)
+    if at < 0 or at < log_text.rfind(STARTED):
+        return None
+    fields: dict[str, str] = {}
+    for line in log_text[at + len(_ROOT_CAUSE) :].splitlines():
+        if (m := _FIELD.match(line)) and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+    if "rank" not in fields:
+        return None
+    code = " ".join(re.sub(r"\(pid: \d+\)", "", fields.get("exitcode", "?")).split())
+    return f"rank {fields['rank']} failed first: exitcode {code}"

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from gpubox.tools.finetune import launcher
 from gpubox.tools.finetune.base import ensure_hf_base
 from gpubox.tools.finetune.jobs import JobStore, append_metric
 from gpubox.tools.finetune.probe import OOM_HINT, InjectedOOMError, is_oom, run_probe
@@ -317,7 +318,7 @@ def main(argv: list[str]) -> int:
     cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     RANK.update(rank=rank, world=world, job_dir=job_dir)
-    print(f"gpubox finetune worker: rank {rank} of world size {world}, pid {os.getpid()}", flush=True)
+    print(f"{launcher.STARTED}{rank} of world size {world}, pid {os.getpid()}", flush=True)
     store = JobStore(Path(cfg["store_root"]))
     job_id = cfg["job_id"]
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -330,15 +331,20 @@ def main(argv: list[str]) -> int:
         if lead and (world == 1 or (job_dir / CANCEL_MARK).exists()):
             store.finish(job_id, "cancelled", error="cancelled before training started")
         elif lead:
-            store.finish(job_id, "failed", error="stopped by the launcher after another rank failed; see log_tail")
+            # another rank failed: the job fails when the launcher exits (JobStore.reconcile), after it has logged
+            # which rank failed first, so the status never shows a tail without that summary
+            store.update(job_id, error="stopped by the launcher after another rank failed")
         return 143
     except BaseException as exc:
         import traceback
 
         traceback.print_exc()
         sys.stdout.flush()
-        if lead:
-            store.finish(job_id, "failed", error=f"rank {rank}: {type(exc).__name__}: {exc}"[:2000])
+        error = f"rank {rank}: {type(exc).__name__}: {exc}"[:2000]
+        if lead and world == 1:
+            store.finish(job_id, "failed", error=error)
+        elif lead:
+            store.update(job_id, error=error)  # as above: failed once the launcher has stopped every rank
         return 1
     if not lead:
         return 143 if result.get("cancelled") else 0
