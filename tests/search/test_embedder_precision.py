@@ -107,7 +107,7 @@ def test_queries_run_on_onnx_runtime_with_the_same_vectors(tmp_path: Path) -> No
     import numpy as np
 
     reference = Embedder(_minilm(), dtype="float32")
-    embedder = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a")
+    embedder = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a", onnx_int8=False)
     embedder.dimension()  # loads the model, exports it once and checks the export against PyTorch
     assert embedder._onnx is not None
     exported = list((tmp_path / "a").glob("*.onnx"))
@@ -116,9 +116,9 @@ def test_queries_run_on_onnx_runtime_with_the_same_vectors(tmp_path: Path) -> No
         assert float(embedder.encode_query(query) @ reference.encode_query(query)) > 0.9999
     # a second server on the same state dir reuses the file; one on another state dir gets a copy
     mtime = exported[0].stat().st_mtime_ns
-    Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a").dimension()
+    Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a", onnx_int8=False).dimension()
     assert exported[0].stat().st_mtime_ns == mtime
-    other = Embedder(_minilm(), onnx_cache=tmp_path / "b")  # auto precision: bf16 documents on AMX CPUs
+    other = Embedder(_minilm(), onnx_cache=tmp_path / "b", onnx_int8=False)  # auto: bf16 documents on AMX CPUs
     other.dimension()
     assert other._onnx is not None and len(list((tmp_path / "b").glob("*.onnx"))) == 1
     vec = other.encode_query("exponential backoff retry")
@@ -143,3 +143,61 @@ def test_an_export_that_disagrees_with_pytorch_is_not_used(tmp_path: Path) -> No
     assert onnx_query.load(model, _minilm(), broken, lambda t: embedder._mean_pooled(model, t)) is None
     assert not list(broken.glob("*.onnx"))  # removed, so the next start exports it afresh
     assert float(np.linalg.norm(embedder.encode_query("exponential backoff retry"))) == pytest.approx(1.0, abs=1e-5)
+
+
+def _ranking(embedder: Embedder, query: str) -> list[int]:
+    import numpy as np
+
+    docs = Embedder(_minilm(), dtype="float32").encode(DOCS)
+    return [int(i) for i in np.argsort(-(docs @ embedder.encode_query(query)))]
+
+
+def test_the_8_bit_query_encoder_matches_fp32_and_is_kept_only_when_checked_and_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
+    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
+    pytest.importorskip("onnx_ir", reason="the 8-bit query encoder needs onnx-ir: pip install 'gpubox[search]'")
+    from gpubox.tools.search import onnx_query
+
+    real_seconds = onnx_query._seconds
+    timed: list[str] = []
+
+    def seconds(encoder: onnx_query.OnnxQueryEncoder, rounds: int = 5) -> float:
+        timed.append(encoder.precision)
+        real_seconds(encoder, 1)  # it runs on this CPU either way
+        return {"int8": 1.0, "float32": 2.0}[encoder.precision]  # the speed check, isolated from this VM's noise
+
+    monkeypatch.setattr(onnx_query, "_seconds", seconds)
+    reference = Embedder(_minilm(), dtype="float32")
+    embedder = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path)
+    embedder.dimension()
+    assert embedder._onnx is not None and embedder._onnx.precision == "int8", embedder._onnx
+    assert sorted(timed) == ["float32", "int8"]
+    assert len(list(tmp_path.glob("*-q8b32.onnx"))) == 1
+    for query, want in QUERIES.items():
+        assert float(embedder.encode_query(query) @ reference.encode_query(query)) > 0.999
+        assert _ranking(embedder, query) == _ranking(reference, query) and _ranking(embedder, query)[0] == want
+
+    # slower than fp32 on this CPU (no int8 dot products: ONNX Runtime dequantises each block): not used
+    monkeypatch.setattr(onnx_query, "_seconds", lambda e, rounds=5: {"int8": 2.0, "float32": 1.0}[e.precision])
+    slow = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path)
+    slow.dimension()
+    assert slow._onnx is not None and slow._onnx.precision == "float32"
+    # vectors that disagree with fp32: not used either
+    monkeypatch.setattr(onnx_query, "_seconds", seconds)
+    monkeypatch.setattr(onnx_query, "INT8_MIN_COSINE", 1.01)
+    strict = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path)
+    strict.dimension()
+    assert strict._onnx is not None and strict._onnx.precision == "float32"
+    # a corrupt 8-bit file: removed (made afresh by the next start), queries on fp32, never a crash
+    monkeypatch.setattr(onnx_query, "INT8_MIN_COSINE", 0.999)
+    [q8] = tmp_path.glob("*-q8b32.onnx")
+    q8.write_bytes(b"not an onnx file")
+    broken = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path)
+    assert broken.encode_query("exponential backoff retry") is not None
+    assert broken._onnx is not None and broken._onnx.precision == "float32" and not q8.exists()
+    # switched off by the setting
+    off = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path, onnx_int8=False)
+    off.dimension()
+    assert off._onnx is not None and off._onnx.precision == "float32"

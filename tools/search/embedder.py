@@ -122,6 +122,7 @@ class Embedder:
         max_seq_length: int = 256,
         dtype: Dtype = "auto",
         onnx_cache: Path | None = None,
+        onnx_int8: bool = True,
     ) -> None:
         self.model_path = model_path
         self.backend: Backend = model_backend(model_path)
@@ -130,6 +131,7 @@ class Embedder:
         self.dtype_setting: Dtype = dtype
         self.dtype = "float32"  # what the loaded model computes in (set by _load_st)
         self.onnx_cache = onnx_cache  # where the ONNX query encoder is exported; None: queries on PyTorch
+        self.onnx_int8 = onnx_int8  # 8-bit weight blocks for the ONNX query encoder (when checked and faster)
         self._onnx: Any = None  # onnx_query.OnnxQueryEncoder once exported and checked
         self._model: Any = None
         self._lock = _PriorityLock()
@@ -182,7 +184,7 @@ class Embedder:
 
             if onnx_query.available():
                 self._onnx = onnx_query.load(
-                    model, self.model_path, self.onnx_cache, lambda t: self._mean_pooled(model, t)
+                    model, self.model_path, self.onnx_cache, lambda t: self._mean_pooled(model, t), self.onnx_int8
                 )
         return model
 

@@ -62,6 +62,7 @@ class SearchService:
             settings.search_embed_batch,
             dtype=settings.search_embed_dtype,
             onnx_cache=settings.state_dir / "onnx" if settings.search_onnx_queries else None,
+            onnx_int8=settings.search_query_int8,
         )
         self._stores: dict[str, IndexStore] = {}
         self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
