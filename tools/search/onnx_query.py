@@ -123,7 +123,8 @@ def _quantize(src: Path, dest: Path) -> None:
         fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".onnx.tmp")
         os.close(fd)
         try:
-            q.model.save_model_to_file(tmp, use_external_data_format=False)
+            quantized: Any = q.model  # an ONNXModel wrapper on this (default, weight-only) path
+            quantized.save_model_to_file(tmp, use_external_data_format=False)
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
