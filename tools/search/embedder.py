@@ -195,6 +195,11 @@ class Embedder:
         # the folder exists (default_model_path checked it), so model2vec reads it and never reaches for the hub
         return StaticModel.from_pretrained(self.model_path, force_download=False, normalize=True)
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is loaded (then `dtype` is what it computes in)."""
+        return self._model is not None
+
     def dimension(self) -> int:
         model = self._load()
         if self.backend == "model2vec":

@@ -38,7 +38,18 @@ from gpubox.tools.search.walker import WalkOptions, walk
 
 log = logging.getLogger("gpubox.search")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-DEFAULT_RATE = {"cpu": 25.0, "cuda": 1500.0}  # chunks/s: MiniLM fp32 on 2 CPU cores (measured), fp16 on a GPU
+# chunks/s before an index has measured its own: MiniLM on 2 CPU cores in fp32 and in bf16 (AMX / AVX512-BF16 CPUs;
+# bench/results/search.md: 41-45 chunks/s on a busy hour), fp16 on a GPU
+DEFAULT_RATE = {"cpu": 25.0, "cpu-bf16": 40.0, "cuda": 1500.0}
+
+
+def _cpuinfo_bf16() -> bool:
+    """cpu_has_bf16 without importing torch (a dry run loads no model): the kernel's CPU flags, Linux only."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def progress_model(p: Progress) -> IndexProgress:
@@ -201,7 +212,16 @@ class SearchService:
                     todo += 1
         # the device decides the rate; NVML answers without importing torch (a dry run embeds nothing)
         device = "cuda" if gpu_status().available else "cpu"
-        rate, src = DEFAULT_RATE[device], f"default for {device} (all-MiniLM-L6-v2)"
+        if device == "cpu":
+            emb = self.embedder
+            loaded = emb.dtype if emb.loaded else None
+            bf16 = (loaded or emb.dtype_setting) == "bfloat16" or (
+                loaded is None and emb.dtype_setting == "auto" and _cpuinfo_bf16()
+            )
+            device_kind = "cpu-bf16" if bf16 else "cpu"
+        else:
+            device_kind = device
+        rate, src = DEFAULT_RATE[device_kind], f"default for {device_kind} (all-MiniLM-L6-v2)"
         if meta.get("embed_chunks_per_s") and meta.get("device") == device:
             rate, src = float(meta["embed_chunks_per_s"]), "measured on this machine by the last indexing run"
         n = sum(chunks_by.values())
