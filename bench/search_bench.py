@@ -214,6 +214,18 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
+def read_bandwidth_gbs() -> float:
+    """Memory read bandwidth now (best of 3 sums over 256 MB): this VM's varies with its neighbours, and a CPU
+    query embedding streams its weights, so latency rows are only comparable beside this figure."""
+    data = np.ones(32_000_000)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - t)
+    return data.nbytes / best / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     site = Path(sysconfig.get_paths()["purelib"])
@@ -237,7 +249,8 @@ def main() -> None:
     load = os.getloadavg()
     lines = [
         f"# Code search benchmark ({os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"commit {git('rev-parse', '--short', 'HEAD')}, load average at start {load[0]:.1f} / {load[1]:.1f})",
+        f"commit {git('rev-parse', '--short', 'HEAD')}, load average at start {load[0]:.1f} / {load[1]:.1f}, "
+        f"memory read bandwidth {read_bandwidth_gbs():.1f} GB/s)",
         "",
     ]
     if ns.before_index:
@@ -329,7 +342,7 @@ def main() -> None:
     lines += [
         "",
         f"(scale rows: real chunk texts, random unit vectors; goal p50 under 30 ms at 100k; load average at the end "
-        f"{load[0]:.1f} / {load[1]:.1f})",
+        f"{load[0]:.1f} / {load[1]:.1f}, memory read bandwidth {read_bandwidth_gbs():.1f} GB/s)",
         "",
     ]
 
