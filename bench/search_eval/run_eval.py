@@ -7,7 +7,8 @@ an in-process MCP client on gpubox's own server, and queried in each mode at top
 queries outside the product. Indexes persist under bench/data/state, so a re-run after a ranking change embeds
 only chunks whose text changed (--fresh starts from an empty state dir, needed when the embedded text or model
 changes wholesale). Writes a markdown table (bench/results/search_quality.md for the test split,
-search_quality_<split>.md otherwise) and per-query ranks and top hits to bench/results/search_quality_<split>.json.
+search_quality_<split>.md otherwise; --out elsewhere) and per-query ranks and top hits beside it (default
+bench/results/search_quality_<split>.json).
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     md = report(args.split, rows, specs, infos, time.monotonic() - t0, args.gpubox_label or f"commit {gpubox_commit()}")
     out = args.out or RESULTS / ("search_quality.md" if args.split == "test" else f"search_quality_{args.split}.md")
     out.write_text(md)
-    (RESULTS / f"search_quality_{args.split}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    # the per-query detail goes beside the table it belongs to (--out), never over the committed default
+    detail = out.with_suffix(".json") if args.out else RESULTS / f"search_quality_{args.split}.json"
+    detail.write_text(json.dumps(rows, indent=1) + "\n")
     print(md)
     return 0
 
