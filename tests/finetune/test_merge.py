@@ -15,6 +15,8 @@ import pytest
 from mcp import Client
 
 from gpubox.app import state_of
+from gpubox.errors import CapacityError
+from gpubox.tools.finetune.adapter import finetuner
 from gpubox.tools.finetune.gguf_export import permute_for_rope
 from gpubox.tools.finetune.merge import Merger
 from tests.finetune.test_jobs import QUESTION, ok
@@ -152,12 +154,36 @@ async def test_bad_merges_are_refused_with_clear_messages(merged: dict[str, Any]
         finally:
             merger.disk_free = Merger(merged["settings"]).disk_free
         assert "not enough disk" in msg and "0.01 GB are free" in msg and "GGUF q8_0" in msg
-        # a time limit the merge cannot meet: the process is stopped and nothing is left behind
-        msg = await error(client, job=job_id, output_name="too-slow", time_limit_s=10)
-        assert "time_limit_s=10" in msg
+        assert "time_limit_s" in await error(client, job=job_id, output_name="too-slow", time_limit_s=1)
+
+    # a time limit the merge cannot meet (the tool's floor is 10 s, which a fast box can meet: half a second
+    # here, through the service): the real process is stopped and nothing is left behind
+    ft = finetuner(state_of(merged["mcp"]))
     models = merged["settings"].state_dir / "models"
+
+    async def progress(done: float, total: float | None, text: str | None) -> None:
+        return None
+
+    spec = await anyio.to_thread.run_sync(merger.prepare, ft, job_id, "too-slow", "auto", "f16")
+    with pytest.raises(CapacityError, match=r"time_limit_s=0\.5"):
+        await merger.run(spec, 0.5, progress)
     assert not (models / "too-slow").exists() and not (models / "too-slow-f16.gguf").exists()
     assert not list((merged["settings"].state_dir / "finetune" / "merge-tmp").glob("*"))
+
+    # stopped after the process had moved the HF folder into models/ (it writes the GGUF after that): removed too
+    async def placed_then_stopped(tmp: Path, time_limit_s: float, progress: Any) -> list[str]:
+        (models / "too-slow").mkdir()
+        (models / "too-slow" / "config.json").write_text("{}")
+        raise CapacityError("the merge ran past time_limit_s=1 s and was stopped; nothing was kept")
+
+    spec = await anyio.to_thread.run_sync(merger.prepare, ft, job_id, "too-slow", "auto", "f16")
+    merger._child = placed_then_stopped  # type: ignore[method-assign]  (isolates the clean-up from the timing)
+    try:
+        with pytest.raises(CapacityError):
+            await merger.run(spec, 1, progress)
+    finally:
+        del merger._child
+    assert not (models / "too-slow").exists() and (models / "glimmer").is_dir()  # an earlier merge is kept
 
 
 async def test_a_job_that_did_not_complete_is_not_merged(merged: dict[str, Any]) -> None:

@@ -209,7 +209,21 @@ class Merger:
             tmp.mkdir(parents=True)
             (tmp / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
             t0 = time.monotonic()
-            log = await self._child(tmp, time_limit_s, progress)
+            # the process moves the HF folder into models/ before it writes the GGUF; a merge stopped after that
+            # (time limit, cancel) must not leave a half-finished model behind, so what it placed is removed
+            outputs = [Path(p) for p in (spec["hf_out"], spec.get("gguf_out")) if p]
+            existed = {p for p in outputs if p.exists()}
+            try:
+                log = await self._child(tmp, time_limit_s, progress)
+            except BaseException:
+                for p in outputs:
+                    if p in existed:
+                        continue
+                    if p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+                raise
             out = json.loads((tmp / "result.json").read_text()) if (tmp / "result.json").is_file() else None
             if out is None:
                 tail = "\n".join(log[-15:])
