@@ -197,6 +197,14 @@ def test_the_8_bit_query_encoder_matches_fp32_and_is_kept_only_when_checked_and_
     broken = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path)
     assert broken.encode_query("exponential backoff retry") is not None
     assert broken._onnx is not None and broken._onnx.precision == "float32" and not q8.exists()
+    # another state dir in this process gets a copy of the 8-bit file, not a second quantisation
+    made: list[Path] = []
+    real_quantize = onnx_query._quantize
+    monkeypatch.setattr(onnx_query, "_quantize", lambda src, dest: made.append(dest) or real_quantize(src, dest))
+    Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "a").dimension()  # made afresh (removed above)
+    second = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path / "b")
+    second.dimension()
+    assert len(made) == 1 and second._onnx.precision == "int8" and list((tmp_path / "b").glob("*-q8b32.onnx"))
     # switched off by the setting
     off = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path, onnx_int8=False)
     off.dimension()

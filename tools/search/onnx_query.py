@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,25 @@ def _export(auto_model: Any, tokenizer: Any, dest: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _materialise(path: Path, make: Callable[[], None]) -> None:
+    """Make `path` unless it exists; a file this process already made for another state dir is copied instead."""
+    if not path.is_file():
+        earlier = _EXPORTED.get(path.name)
+        if earlier is not None and earlier != path and earlier.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
+            os.close(fd)
+            try:
+                shutil.copyfile(earlier, tmp)
+                os.replace(tmp, path)  # atomic, as the export: another server never reads half a file
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        else:
+            make()
+    _EXPORTED[path.name] = path
 
 
 def _quantize(src: Path, dest: Path) -> None:
@@ -189,8 +209,7 @@ def _int8(path: Path, fp32: OnnxQueryEncoder) -> OnnxQueryEncoder | None:
         return None
     qpath = path.with_name(f"{path.stem}-q8b32.onnx")
     try:
-        if not qpath.is_file():
-            _quantize(path, qpath)
+        _materialise(qpath, lambda: _quantize(path, qpath))
         q8 = OnnxQueryEncoder(_session(qpath), fp32.tokenizer, fp32.max_length, "int8")
         worst = min(_cosine(q8.encode(t), fp32.encode(t)) for t in CHECKS)
         if worst < INT8_MIN_COSINE:
@@ -205,6 +224,7 @@ def _int8(path: Path, fp32: OnnxQueryEncoder) -> OnnxQueryEncoder | None:
     except Exception as e:
         log.warning("8-bit query encoder failed (%s: %s); queries stay fp32", type(e).__name__, e)
         qpath.unlink(missing_ok=True)
+        _EXPORTED.pop(qpath.name, None)
         return None
 
 
@@ -217,14 +237,7 @@ def load(st_model: Any, model_dir: Path, cache_dir: Path, reference: Any, int8: 
     transformer = st_model[0]
     path = cache_dir / f"{model_dir.name}-{_cache_key(model_dir)}.onnx"
     try:
-        if not path.is_file():
-            earlier = _EXPORTED.get(path.name)
-            if earlier is not None and earlier.is_file():  # another state dir in this process: copy, don't export
-                path.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(earlier, path)
-            else:
-                _export(transformer.auto_model, st_model.tokenizer, path)
-        _EXPORTED[path.name] = path
+        _materialise(path, lambda: _export(transformer.auto_model, st_model.tokenizer, path))
         encoder = OnnxQueryEncoder(_session(path), st_model.tokenizer, st_model.max_seq_length)
         cos = _cosine(encoder.encode(PROBE), np.asarray(reference(PROBE), dtype=np.float32))
         if cos < 0.99:  # bf16 vs fp32 moves it by ~1e-3; a broken export lands far lower
