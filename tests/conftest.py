@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -123,6 +124,25 @@ async def server(settings: Settings) -> AsyncIterator[object]:
 async def client(request: pytest.FixtureRequest, server: object) -> AsyncIterator[Client]:
     async with Client(server, mode=request.param) as c:  # type: ignore[arg-type]
         yield c
+
+
+async def call_ok(client: Client, tool: str, **args: Any) -> dict[str, Any]:
+    """Call `tool` and return its structured result; fails the test on a tool error."""
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def call_err(client: Client, tool: str, **args: Any) -> str:
+    """Call `tool`, expect a tool error, and return its text; fails on success or on a masked error.
+
+    The SDK masks unexpected exceptions as the bare "Error executing tool <name>"; ours carry a message."""
+    result = await client.call_tool(tool, args)
+    assert result.is_error, result.structured_content
+    text = " ".join(getattr(c, "text", "") for c in result.content)
+    assert text.strip() != f"Error executing tool {tool}" and "Traceback" not in text, text
+    return text
 
 
 def free_port() -> int:
