@@ -8,6 +8,7 @@
     ├── NotFoundError           something that should exist on disk does not (model file, index)
     ├── CapacityError           the work cannot fit (memory, context length, resident-model budget)
     ├── BusyError               the resource is in use by another request or job
+    ├── OutputRejectedError     generated output breaks the schema the caller asked for; names the violation
     └── ConfigError             settings are invalid or unsafe (e.g. public bind without a token)
 
 Core modules raise these; the MCP adapter layer (gpubox.registry) turns them into ToolError so the
@@ -48,6 +49,10 @@ class UnknownNameError(InvalidInputError):
         self.kind = kind
         self.name = name
         self.suggestions = suggestions
+
+
+class OutputRejectedError(GpuboxError):
+    """Generated output does not satisfy the requested JSON schema. The message keeps the text."""
 
 
 class PathNotAllowedError(GpuboxError):

@@ -11,7 +11,8 @@ from gpubox.errors import MissingExtraError
 # extra name -> (import module, distribution name) pairs it provides
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
     "gpu": (("pynvml", "nvidia-ml-py"),),
-    "llama": (("llama_cpp", "llama-cpp-python"),),
+    # jsonschema and regex check constrained output against the schema (tools/inference/output_check.py)
+    "llama": (("llama_cpp", "llama-cpp-python"), ("jsonschema", "jsonschema"), ("regex", "regex")),
     "hf": (
         ("torch", "torch"),
         ("transformers", "transformers"),

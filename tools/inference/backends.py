@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
 from gpubox.tools.inference.grammar import schema_to_gbnf
+from gpubox.tools.inference.grammar_probe import check_in_child
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
@@ -95,6 +96,7 @@ class LlamaBackend:
             self._thread.shutdown(wait=False)
             raise
         self.n_ctx = n_ctx
+        self.path = path
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return self._thread.submit(fn, *args).result()
@@ -133,8 +135,11 @@ class LlamaBackend:
         on_text: Callable[[str], None],
         cancel: threading.Event,
     ) -> GenOutput:
-        # the schema check and grammar conversion are pure Python: done here, before llama.cpp sees anything
+        # the schema check and grammar conversion are pure Python: done here, before llama.cpp sees anything;
+        # then llama.cpp parses the grammar once in a child process, so a parser crash cannot end this one
         grammar = schema_to_gbnf(p.json_schema) if p.json_schema is not None else None
+        if grammar is not None:
+            check_in_child(grammar, self.path)
         return self._call(self._generate, messages, prompt, p, on_text, cancel, grammar)
 
     def _generate(

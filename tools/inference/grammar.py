@@ -2,18 +2,25 @@
 
 llama.cpp's grammar parser crashes the whole process (SIGSEGV) on a rule with an empty body, which
 llama-cpp-python's converter emits for schemas that admit no value (`{"enum": []}`, `{"anyOf": []}`,
-`{"type": []}`). So the schema gets a sanity pass (known types, no empty lists, bounded depth and size, local
-`$ref`s only), and the generated grammar a structural pass (every rule non-empty, no empty alternative, every
-referenced rule defined) before llama.cpp sees either.
+`{"type": []}`), and copies regex escapes such as `\\d` into the grammar, which llama.cpp's parser dies on. So
+the schema gets a sanity pass (known types, no empty lists, bounded depth and size, local `$ref`s only, numeric
+ranges and type combinations that admit a value, every regex parsed and its expanded size bounded before
+anything is expanded), patterns are translated by gpubox.tools.inference.pattern instead of the converter, and
+the generated grammar gets a structural pass (every rule non-empty, no empty alternative, every referenced rule
+defined) before llama.cpp sees either. The backend then compiles it once in a child process (grammar_probe).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
 from typing import Any
 
 from gpubox.errors import InvalidInputError
+from gpubox.tools.inference.pattern import expanded_size, pattern_to_gbnf
+from gpubox.tools.inference.pattern import parse as parse_pattern
 
 TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
 MAX_DEPTH = 32
@@ -21,6 +28,8 @@ MAX_NODES = 5000
 MAX_SCHEMA_CHARS = 64_000
 MAX_REPEAT = 1000  # minItems/maxItems/minLength/maxLength: the converter unrolls repetitions into the grammar
 MAX_GRAMMAR_CHARS = 1_000_000
+# grammar elements after repetitions are unrolled, summed over the schema (min/maxLength, min/maxItems, patterns)
+MAX_EXPANDED = 100_000
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
@@ -40,7 +49,7 @@ def check_schema(schema: Any) -> None:
         raise InvalidInputError(f"json_schema is not plain JSON: {exc}") from None
     if size > MAX_SCHEMA_CHARS:
         raise InvalidInputError(f"json_schema is {size} characters; the limit is {MAX_SCHEMA_CHARS}")
-    nodes = [0]
+    nodes = [0, 0]  # sub-schemas seen, grammar elements they expand to
     _walk(schema, schema, "", 0, nodes)
 
 
@@ -57,6 +66,12 @@ def _walk(node: Any, root: dict[str, Any], where: str, depth: int, nodes: list[i
     if not isinstance(node, dict):
         raise _bad(where, f"must be a schema object, not {type(node).__name__}")
     _check_keywords(node, root, where)
+    nodes[1] += _expanded(node, where)
+    if nodes[1] > MAX_EXPANDED:
+        raise InvalidInputError(
+            f"json_schema expands to more than {MAX_EXPANDED:,} grammar elements (repetition bounds and "
+            f"patterns add up; the last part counted was {where or '(root)'}); lower maxLength/maxItems"
+        )
     for key in SCHEMA_LISTS:
         if key in node:
             items = node[key]
@@ -122,8 +137,65 @@ def _check_keywords(node: dict[str, Any], root: dict[str, Any], where: str) -> N
         raise _bad(at("minimum"), f"is above maximum ({node['minimum']} > {node['maximum']})")
     if "pattern" in node and not isinstance(node["pattern"], str):
         raise _bad(at("pattern"), "must be a string")
+    for regex in node.get("patternProperties", {}) if isinstance(node.get("patternProperties"), dict) else ():
+        parse_pattern(regex, at("patternProperties"))  # the output check runs these regexes: they must be sane
+    _check_satisfiable(node, at)
     if "$ref" in node:
         _check_ref(node["$ref"], root, at("$ref"))
+
+
+def _expanded(node: dict[str, Any], where: str) -> int:
+    """Grammar elements this node unrolls to: its longest repetition bound, or its pattern's expanded size."""
+    size = 1
+    for k in ("minItems", "maxItems", "minLength", "maxLength"):
+        if isinstance(node.get(k), int):
+            size = max(size, node[k])
+    if isinstance(node.get("pattern"), str):
+        pattern_to_gbnf(node["pattern"], where)  # refuses what a grammar cannot express, before the model loads
+        size = max(size, expanded_size(node["pattern"], where))
+    return size
+
+
+def _types_of(node: dict[str, Any]) -> set[str] | None:
+    t = node.get("type")
+    if t is None:
+        return None
+    names = set(t if isinstance(t, list) else [t])
+    return names | {"number"} if "integer" in names and "number" not in names else names
+
+
+def _check_satisfiable(node: dict[str, Any], at: Any) -> None:
+    """Refuse the combinations the grammar cannot honour and that admit no value at all."""
+    allowed = _types_of(node)
+    for i, sub in enumerate(node.get("allOf", []) if isinstance(node.get("allOf"), list) else []):
+        sub_types = _types_of(sub) if isinstance(sub, dict) else None
+        if sub_types is None:
+            continue
+        # integer is a subset of number: {"number"} ∩ {"integer", "number"} keeps the integers
+        allowed = sub_types if allowed is None else allowed & sub_types
+        if not allowed:
+            raise _bad(at(f"allOf[{i}].type"), "contradicts the other types required (no value has all of them)")
+    if node.get("type") == "integer":
+        lo, hi = (
+            _bound(node, "minimum", "exclusiveMinimum", math.ceil, 1),
+            _bound(node, "maximum", "exclusiveMaximum", math.floor, -1),
+        )
+        if lo is not None and hi is not None and lo > hi:
+            raise _bad(at("minimum"), "and maximum leave no integer in between; widen the range or use type number")
+
+
+def _bound(node: dict[str, Any], inclusive: str, exclusive: str, rnd: Any, step: int) -> int | None:
+    """The tightest integer bound from an inclusive and a (draft 6+, numeric) exclusive limit."""
+    out: int | None = None
+    for key, strict in ((inclusive, False), (exclusive, True)):
+        v = node.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            continue
+        b = rnd(v)
+        if strict and b == v:
+            b += step
+        out = b if out is None else (max(out, b) if step > 0 else min(out, b))
+    return out
 
 
 def _check_ref(ref: Any, root: dict[str, Any], where: str) -> None:
@@ -212,13 +284,31 @@ def _check_body(name: str, body: list[tuple[str, str]], rules: dict[str, Any]) -
 
 
 def schema_to_gbnf(schema: dict[str, Any]) -> str:
-    """The checked GBNF grammar for `schema` (llama-cpp-python's converter, run on the caller's thread)."""
+    """The checked GBNF grammar for `schema` (llama-cpp-python's converter with gpubox's regex translation, run
+    on the caller's thread)."""
     check_schema(schema)
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+    converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        text = json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
-        raise InvalidInputError(f"json_schema could not be turned into a grammar: {exc}") from None
+        # a copy: resolve_refs rewrites $ref values in place
+        converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "input"), "")
+        text = converter.format_grammar()
+    except InvalidInputError:
+        raise
+    except Exception as exc:  # the converter raises plain exceptions (asserts) for unsupported constructs
+        reason = str(exc) or type(exc).__name__
+        raise InvalidInputError(f"json_schema could not be turned into a grammar: {reason}") from None
     check_gbnf(text)
     return text
+
+
+@functools.cache
+def _converter_class() -> type:
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class Converter(SchemaConverter):
+        def _visit_pattern(self, pattern: str, name: str) -> str:
+            # the upstream translation copies regex escapes into the grammar (see the module docstring)
+            body = pattern_to_gbnf(pattern, name)
+            return self._add_rule(name, f'"\\"" {body} "\\"" space')
+
+    return Converter

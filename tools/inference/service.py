@@ -17,6 +17,7 @@ from gpubox.errors import InvalidInputError
 from gpubox.tools.inference.backends import GenOutput, GenParams
 from gpubox.tools.inference.grammar import check_schema
 from gpubox.tools.inference.manager import ModelManager, Resident
+from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -97,6 +98,7 @@ async def generate(
             parsed = json.loads(out.text)
         except json.JSONDecodeError as exc:
             raise InvalidInputError(f"the model's output is not valid JSON ({exc}); raise max_tokens") from exc
+        await anyio.to_thread.run_sync(check_output, params.json_schema, parsed, out.text)
     return GenerationResult(
         model=r.name,
         text=out.text,
