@@ -26,6 +26,12 @@ from typing import Any
 
 log = logging.getLogger("gpubox.search")
 
+# ONNX Runtime (1.30 on Linux) starts its telemetry when imported: a device id and an event database under
+# ~/.cache/Microsoft/DeveloperTools/.onnxruntime, outside the state dir, and HTTPS uploads. A server keeps its files
+# in its state dir and sends nothing home; the variable is read once, when onnxruntime is first imported, and in
+# gpubox that import is below. An operator's explicit setting is kept.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # one thread, measured against two beside the lexical leg in bench/results/search.md
 THREADS = 1
