@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, InvalidInputError
 from gpubox.state import AppState
 from gpubox.tools.bench.schemas import DeviceFigure
 
@@ -77,7 +77,10 @@ def record(state: AppState, device: str, spec: Any | None, figures: list[DeviceF
             "nothing stored: this gpubox's estimator has no CalibrationStore.record_device yet, so estimates "
             "keep catalog figures"
         )
-    profile = record_device(gpu, round(bandwidth, 3), tflops, f"bench_device run {run_id}")
+    try:  # the estimator's bounds: finite, > 0, within the device's datasheet ceiling
+        profile = record_device(gpu, round(bandwidth, 3), tflops, f"bench_device run {run_id}", spec=spec)
+    except InvalidInputError as exc:
+        return f"nothing stored: {str(exc).removesuffix(' Nothing was stored.')}"
     return (
         f"stored as a device calibration for '{gpu}' (profile #{getattr(profile, 'id', '?')}): {bandwidth:.1f} GB/s, "
         f"TFLOPS {tflops}; estimate_* on '{gpu}' now use these in place of the datasheet figures"

@@ -138,7 +138,7 @@ def register(mcp: MCPServer[Any]) -> None:
         peak_memory_gb: Annotated[float | None, Field(gt=0, description="Peak GPU memory of the run, GB")] = None,
         prefill_tokens_per_s: Annotated[float | None, Field(gt=0, description="Inference prefill tok/s")] = None,
         weight_format: Annotated[str | None, Field(description="Weight format of the run")] = None,
-        context_length: Annotated[int, Field(ge=0, description="Inference: context in use")] = 0,
+        context_length: Annotated[int, Field(ge=0, le=2_097_152, description="Inference: context in use")] = 0,
         method: Annotated[Method, Field(description="Training method")] = "qlora",
         max_length: Annotated[int, Field(ge=8, le=1_048_576, description="Training sequence length")] = 512,
         per_device_train_batch_size: Annotated[int, Field(ge=1, le=4096, description="Training micro-batch")] = 1,

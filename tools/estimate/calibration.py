@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpubox.tools.estimate import bounds
+from gpubox.tools.estimate.catalog import GpuSpec
 from gpubox.tools.estimate.schemas import DeviceProfile, Measurement
+
+log = logging.getLogger("gpubox.estimate")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -42,6 +48,7 @@ CREATE TABLE IF NOT EXISTS devices (
 );
 CREATE INDEX IF NOT EXISTS devices_gpu ON devices (gpu);
 """
+NUMBERS = (*bounds.MEASURED, "decode_efficiency", "mfu", "activation_factor")
 DEVICE_COLUMNS = ["id", "gpu", "memory_bandwidth_gbs", "tflops", "note", "created_at"]
 
 COLUMNS = [
@@ -69,6 +76,7 @@ class CalibrationStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
+        self._logged: set[tuple[str, int]] = set()  # rows already logged as ignored: once each, not per lookup
         with self._connect() as db:
             db.executescript(SCHEMA)
 
@@ -92,6 +100,7 @@ class CalibrationStore:
     def record(self, kind: str, gpu: str, model: str, **fields: Any) -> Measurement:
         cfg = json.dumps(fields.pop("config", {}) or {}, sort_keys=True, default=str)
         cols = {k: v for k, v in fields.items() if k in COLUMNS}
+        bounds.raise_if([bounds.stored_problem(cols)])  # the device-specific bounds were checked by the caller
         names = ["kind", "gpu", "model", "config", "created_at", *cols]
         values = [kind, gpu, model, cfg, datetime.now(UTC).isoformat(timespec="seconds"), *cols.values()]
         with self._connect() as db:
@@ -104,9 +113,31 @@ class CalibrationStore:
         return self.get(rowid)
 
     def _row(self, row: tuple[Any, ...]) -> Measurement:
+        """A stored row; one out of bounds or broken by a hand edit (text in a number column, bad JSON) is read
+        with `ignored` saying why, so estimates skip it and listings still show it."""
         d = dict(zip(COLUMNS, row, strict=True))
-        d["config"] = json.loads(d["config"] or "{}")
+        why = bounds.stored_problem(d)
+        try:
+            cfg = json.loads(d["config"] or "{}")
+        except (json.JSONDecodeError, TypeError):
+            cfg = None
+        if not isinstance(cfg, dict):
+            why, cfg = why or f"config is not a JSON object: {str(d['config'])[:80]!r}", {}
+        for col in NUMBERS:  # junk would fail the model; NaN reads as null and `ignored` says why
+            if d[col] is not None and not bounds.is_number(d[col]):
+                d[col] = math.nan
+        if why is not None:
+            self._log_ignored("calibration", d["id"], why)
+        params = d["params"] if isinstance(d["params"], int) else None
+        d.update(config=cfg, ignored=why, params=params, note=None if d["note"] is None else str(d["note"]))
         return Measurement(**d)
+
+    def _log_ignored(self, what: str, rowid: int, why: str) -> None:
+        with self._lock:
+            if (what, rowid) in self._logged:
+                return
+            self._logged.add((what, rowid))
+        log.warning("%s #%d in %s is ignored by estimates: %s", what, rowid, self.path, why)
 
     def get(self, rowid: int) -> Measurement:
         with self._connect() as db:
@@ -136,35 +167,55 @@ class CalibrationStore:
         column: str,
         params: int | None = None,
         method: str | None = None,
-        **config_match: Any,
+        spec: GpuSpec | None = None,
+        config: Mapping[str, object] | None = None,
     ) -> Measurement | None:
-        """Newest run on `gpu` with `column` set and the same method/config, preferring a model of similar size
-        (within 4x) — efficiency depends on the GPU and the kind of work more than on the exact model."""
+        """Newest run on `gpu` with `column` set and the same method and `config` entries, preferring a model of
+        similar size (within 4x) — efficiency depends on the GPU and the kind of work more than on the exact model.
+        Rows out of bounds (for `spec`, the device, when given) are skipped."""
         if column not in COLUMNS:
             raise ValueError(column)
         runs = [
             m
             for m in self.list(kind=kind, gpu=gpu)
-            if getattr(m, column) is not None
+            if self.why_ignored(m, spec) is None
+            and getattr(m, column) is not None
             and (method is None or m.method == method)
-            and all(m.config.get(k) == v for k, v in config_match.items())
+            and all(m.config.get(k) == v for k, v in (config or {}).items())
         ]
         if params:
             near = [m for m in runs if m.params and 0.25 <= m.params / params <= 4]
             runs = near or runs
         return runs[0] if runs else None
 
+    def ignored(self, kind: str, spec: GpuSpec) -> list[str]:
+        """Why each stored run of `kind` on this device is left out of estimates (out of bounds), in words."""
+        out = []
+        for m in self.list(kind=kind, gpu=spec.id):
+            if why := self.why_ignored(m, spec):
+                out.append(f"calibration #{m.id} ({m.kind}, {m.model} on {m.gpu}) is ignored: {why}")
+        return out
+
+    def why_ignored(self, m: Measurement, spec: GpuSpec | None) -> str | None:
+        """Why estimates leave this row out: out of bounds on its own, or (given the device) against `spec`."""
+        why = m.ignored or (bounds.prefill_problem(m, spec) if spec is not None else None)
+        if why and not m.ignored:
+            self._log_ignored("calibration", m.id, why)
+        return why
+
     # --- measured device profiles (memory bandwidth, matrix TFLOPS per dtype) -------------------------
     def record_device(
-        self, gpu: str, memory_bandwidth_gbs: float | None, tflops: dict[str, float], note: str | None = None
+        self,
+        gpu: str,
+        memory_bandwidth_gbs: float | None,
+        tflops: dict[str, float],
+        note: str | None = None,
+        spec: GpuSpec | None = None,
     ) -> DeviceProfile:
         """Store a measured profile of a device (`gpu` = catalog id, or 'cpu'); estimates on that device use
-        it in place of the catalog's peak figures."""
-        if memory_bandwidth_gbs is not None and not memory_bandwidth_gbs > 0:
-            raise ValueError(f"memory_bandwidth_gbs must be positive, got {memory_bandwidth_gbs}")
-        bad = {k: v for k, v in tflops.items() if not (isinstance(v, int | float) and v > 0)}
-        if bad:
-            raise ValueError(f"tflops values must be positive numbers: {bad}")
+        it in place of the catalog's peak figures. Each figure must be finite, > 0 and within `spec`'s datasheet
+        ceiling (bounds.device_problems; without a spec, what any current host reaches)."""
+        bounds.raise_if(bounds.device_problems(spec, memory_bandwidth_gbs, dict(tflops)))
         clean = {k.lower(): float(v) for k, v in tflops.items()}
         when = datetime.now(UTC).isoformat(timespec="seconds")
         with self._connect() as db:
@@ -186,12 +237,31 @@ class CalibrationStore:
         sql += " ORDER BY id DESC LIMIT ?"
         with self._connect() as db:
             rows = db.execute(sql, [*args, limit]).fetchall()
-        out = []
-        for row in rows:
-            d = dict(zip(DEVICE_COLUMNS, row, strict=True))
-            d["tflops"] = json.loads(d["tflops"] or "{}")
-            out.append(DeviceProfile(**d))
-        return out
+        return [self._device(row) for row in rows]
+
+    def _device(self, row: tuple[Any, ...]) -> DeviceProfile:
+        """A stored profile; figures out of bounds or broken by a hand edit set `ignored` (and are left out of
+        `tflops`, whose schema allows only numbers)."""
+        d = dict(zip(DEVICE_COLUMNS, row, strict=True))
+        try:
+            raw = json.loads(d["tflops"] or "{}")
+        except (json.JSONDecodeError, TypeError):
+            raw = None
+        found = bounds.device_problems(None, d["memory_bandwidth_gbs"], raw if isinstance(raw, dict) else {})
+        if not isinstance(raw, dict):
+            found.insert(0, f"tflops is not a JSON object: {str(d['tflops'])[:80]!r}")
+        tflops = {str(k): float(v) for k, v in (raw if isinstance(raw, dict) else {}).items() if bounds.is_number(v)}
+        bw = d["memory_bandwidth_gbs"]
+        why = found[0] if found else None
+        if why is not None:
+            self._log_ignored("device profile", d["id"], why)
+        d.update(
+            tflops={k: v for k, v in tflops.items() if math.isfinite(v)},
+            memory_bandwidth_gbs=bw if bw is None or bounds.is_number(bw) else math.nan,
+            note=None if d["note"] is None else str(d["note"]),
+            ignored=why,
+        )
+        return DeviceProfile(**d)
 
     def latest_device(self, gpu: str) -> DeviceProfile | None:
         found = self.devices(gpu=gpu, limit=1)

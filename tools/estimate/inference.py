@@ -140,11 +140,11 @@ def estimate_on_gpu(
     eff, eff_src = DECODE_EFFICIENCY.get(gpu.gpu_class, 0.6), EFFICIENCY_SOURCE
     prefill_mfu = PREFILL_MFU
     if store is not None:
-        m = store.best("inference", gpu.id, "decode_efficiency", params=shape.params())
+        m = store.best("inference", gpu.id, "decode_efficiency", params=shape.params(), spec=gpu)
         if m is not None and m.decode_efficiency:
             eff = m.decode_efficiency
             eff_src = f"measured: run #{m.id} ({m.model}, {m.created_at[:10]})"
-        p = store.best("inference", gpu.id, "prefill_tokens_per_s", params=shape.params())
+        p = store.best("inference", gpu.id, "prefill_tokens_per_s", params=shape.params(), spec=gpu)
         if p is not None and p.prefill_tokens_per_s and p.params:
             prefill_mfu = min(1.0, p.prefill_tokens_per_s * 2 * p.params / (gpu.bf16_tflops * 1e12))
 

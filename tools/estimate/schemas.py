@@ -188,6 +188,7 @@ class Measurement(BaseModel):
     activation_factor: float | None
     created_at: str
     note: str | None
+    ignored: str | None = Field(default=None, description="Why estimates ignore this row (out of bounds), or null")
 
 
 class DeviceProfile(BaseModel):
@@ -199,6 +200,7 @@ class DeviceProfile(BaseModel):
     tflops: dict[str, float]
     note: str | None
     created_at: str
+    ignored: str | None = Field(default=None, description="Why estimates ignore this profile (out of bounds), or null")
 
 
 class MeasurementList(BaseModel):

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from gpubox.errors import InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
+from gpubox.tools.estimate import bounds
 from gpubox.tools.estimate import inference as inf
 from gpubox.tools.estimate import training as tr
 from gpubox.tools.estimate.calibration import CalibrationStore
-from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape, norm
+from gpubox.tools.estimate.catalog import Catalog, GpuSpec, norm
 from gpubox.tools.estimate.formats import kv_bytes, normalise_format
 from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model
 from gpubox.tools.estimate.requests import TrainingRequest
@@ -126,6 +127,7 @@ class Estimator:
                     -r.decode_tokens_per_s,
                 )
             )
+        warnings += self.ignored("inference", targets)
         assumptions = [n for t in targets for n in t.notes] + list(inf.ASSUMPTIONS)
         if context_length is None:
             assumptions.insert(
@@ -138,15 +140,17 @@ class Estimator:
                 f"Quoted {tokens_per_s:g} tok/s checked against each GPU's bandwidth ceiling; where plausible, "
                 "costs per million tokens use the quoted speed."
             )
-        return InferenceEstimate(
-            model=summary(rm),
-            weight_format=fmt,
-            context_length=ctx,
-            batch=batch,
-            kv_cache_type=kv_cache_type,
-            results=results,
-            assumptions=assumptions,
-            warnings=warnings,
+        return bounds.finite(
+            InferenceEstimate(
+                model=summary(rm),
+                weight_format=fmt,
+                context_length=ctx,
+                batch=batch,
+                kv_cache_type=kv_cache_type,
+                results=results,
+                assumptions=assumptions,
+                warnings=warnings,
+            )
         )
 
     # --- training ------------------------------------------------------------------------------
@@ -215,6 +219,7 @@ class Estimator:
                     r.wall_hours if r.wall_hours is not None else -r.tokens_per_s,
                 )
             )
+        warnings += self.ignored("training", devices)
         assumptions = [n for t in devices for n in t.notes] + tr.assumptions(
             req, fmt, self.settings.electricity_usd_per_kwh
         )
@@ -227,24 +232,31 @@ class Estimator:
                 "No dataset size or max_steps given: the memory plan and micro-batch do not depend on it; "
                 "wall_hours, costs and electricity are null. Pass dataset_tokens, dataset_samples or max_steps."
             )
-        return TrainingEstimate(
-            model=summary(rm),
-            method=method,
-            weight_format=fmt,
-            lora_rank=req.lora_r if method != "full" else None,
-            target_modules=targets,
-            trainable_params=trainable,
-            trainable_pct=round(100 * trainable / shape.params(), 4),
-            seq_len=req.max_length,
-            gradient_checkpointing=gc_req,
-            optimizer=req.optim,
-            optimizer_bytes_per_param=tr.OPTIMIZER_BYTES[req.optim],
-            dataset_tokens=dataset_tokens,
-            epochs=req.num_train_epochs,
-            results=results,
-            assumptions=assumptions,
-            warnings=warnings,
+        return bounds.finite(
+            TrainingEstimate(
+                model=summary(rm),
+                method=method,
+                weight_format=fmt,
+                lora_rank=req.lora_r if method != "full" else None,
+                target_modules=targets,
+                trainable_params=trainable,
+                trainable_pct=round(100 * trainable / shape.params(), 4),
+                seq_len=req.max_length,
+                gradient_checkpointing=gc_req,
+                optimizer=req.optim,
+                optimizer_bytes_per_param=tr.OPTIMIZER_BYTES[req.optim],
+                dataset_tokens=dataset_tokens,
+                epochs=req.num_train_epochs,
+                results=results,
+                assumptions=assumptions,
+                warnings=warnings,
+            )
         )
+
+    def ignored(self, kind: str, targets: list[Target]) -> list[str]:
+        """Stored device profiles and runs of `kind` on these devices that estimates left out, and why."""
+        found = [w for t in targets for w in [*t.warnings, *self.store.ignored(kind, t.spec)]]
+        return list(dict.fromkeys(found))
 
     # --- catalog and calibrations --------------------------------------------------------------
     def gpu_catalog(self, name_contains: str | None = None) -> GpuCatalog:
@@ -292,18 +304,24 @@ class Estimator:
         already resolved (a served model file, which need not lie in the allowed roots)."""
         rm = model if isinstance(model, ResolvedModel) else self.model(model)
         fmt = normalise_format(weight_format or rm.weight_format or "bf16")
-        eff = None
-        gpu_id = gpu
-        if gpu.lower() != "cpu":
-            spec = self.device_spec(gpu)
-            gpu_id = spec.id
-            wp = inf.weight_plan(rm.shape, fmt, rm.weight_bytes if rm.weight_format == fmt else None)
-            kv = inf.kv_bytes_per_token(rm.shape, "f16", max(context_length, 1)) * context_length / 2 * batch
-            eff = decode_tokens_per_s / batch * (wp.total_bytes + kv) / (spec.bandwidth_gbs * 1e9)
+        spec = self.device_spec(gpu)
+        wp = inf.weight_plan(rm.shape, fmt, rm.weight_bytes if rm.weight_format == fmt else None)
+        kv = inf.kv_bytes_per_token(rm.shape, "f16", max(context_length, 1)) * context_length / 2 * batch
+        step_bytes = wp.total_bytes + kv  # read once per decode step
+        bounds.raise_if(
+            [
+                *bounds.inference_problems(
+                    spec, step_bytes, batch, rm.shape.params(), decode_tokens_per_s, prefill_tokens_per_s
+                ),
+                bounds.memory_problem(spec, peak_memory_gb),
+            ]
+        )
+        # a CPU's bandwidth is a default until calibrated, so no efficiency is derived from it
+        eff = None if spec.id == "cpu" else decode_tokens_per_s / batch * step_bytes / (spec.bandwidth_gbs * 1e9)
         cfg = {"weight_format": fmt, "context_length": context_length, "batch": batch, **(config or {})}
         return self.store.record(
             "inference",
-            gpu_id,
+            spec.id,
             rm.shape.id,
             params=rm.shape.params(),
             method=fmt,
@@ -342,11 +360,14 @@ class Estimator:
             raise UnknownNameError("optimizer", optim, tr.OPTIMIZER_BYTES)
         plan = tr.TrainingPlanInput(method, lora_r, targets, max_length, gradient_checkpointing, optim, 0.15, fmt)
         tr.trainable_params(rm.shape, plan)  # validates the target names
-        mfu = factor = None
-        if tokens_per_s:
-            mfu = tokens_per_s * tr.flops_per_token(rm.shape, plan) / (spec.bf16_tflops * 1e12)
+        fpt = tr.flops_per_token(rm.shape, plan)
+        bounds.raise_if([bounds.training_problem(spec, fpt, tokens_per_s), bounds.memory_problem(spec, peak_memory_gb)])
+        mfu = tokens_per_s * fpt / (spec.bf16_tflops * 1e12) if tokens_per_s else None
+        factor = None
         if peak_memory_gb:
-            factor = measured_activation_factor(rm.shape, plan, per_device_train_batch_size, peak_memory_gb)
+            factor = tr.measured_activation_factor(rm.shape, plan, per_device_train_batch_size, peak_memory_gb)
+            why = " (measured / textbook activation bytes, from peak_memory_gb)"
+            bounds.raise_if([bounds.problem("activation_factor", factor, *bounds.ACTIVATION_FACTOR, why)])
         cfg = {
             "max_length": max_length,
             "per_device_train_batch_size": per_device_train_batch_size,
@@ -371,19 +392,8 @@ class Estimator:
         self, gpu: str, memory_bandwidth_gbs: float | None, tflops: dict[str, float], note: str | None = None
     ) -> DeviceProfile:
         """Store a device profile measured on this box (`gpu`: catalog name, local NVML name or 'cpu')."""
-        try:
-            return self.store.record_device(self.device_spec(gpu).id, memory_bandwidth_gbs, tflops, note)
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from exc
+        spec = self.device_spec(gpu)
+        return self.store.record_device(spec.id, memory_bandwidth_gbs, tflops, note, spec=spec)
 
     def close(self) -> None:
         self.store.close()
-
-
-def measured_activation_factor(
-    shape: ModelShape, plan: tr.TrainingPlanInput, micro_batch: int, peak_gb: float
-) -> float | None:
-    static = sum(tr.static_memory(shape, plan).values()) + tr.TRAINING_OVERHEAD_GB * 1e9
-    acts, logits = tr.activation_bytes(shape, plan, micro_batch, plan.gradient_checkpointing)
-    factor = (peak_gb * 1e9 - static) / (acts + logits)
-    return factor if factor > 0 else None

@@ -8,9 +8,10 @@ A measured device profile (CalibrationStore.record_device) replaces peak bandwid
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpubox.errors import NotFoundError
+from gpubox.tools.estimate import bounds
 from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import Catalog, GpuSpec
 from gpubox.tools.gpu.devices import DerivedSpec, NvmlFacts, derive_spec, host_spec, local_gpus
@@ -29,6 +30,7 @@ class Target:
     total_gb: float | None = None  # the device's real memory when it differs from the marketed figure
     source: str = "catalog"
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # stored figures left out (out of bounds)
 
 
 def _nvml_spec(d: DerivedSpec) -> tuple[GpuSpec, list[str]]:
@@ -135,7 +137,13 @@ def with_measured(t: Target, store: CalibrationStore | None, dtype: str = "bf16"
     """Replace peak bandwidth/TFLOPS by a device profile measured on this box, when one exists."""
     if store is None:
         return t
-    prof = store.latest_device(t.spec.id)
+    prof, skipped = None, []
+    for p in store.devices(gpu=t.spec.id, limit=20):  # the newest profile within bounds; say which were not
+        if (why := bounds.stored_device_problem(p, t.spec)) is None:
+            prof = p
+            break
+        skipped.append(f"device profile #{p.id} for {t.spec.id} is ignored: {why}")
+    t = replace(t, warnings=[*t.warnings, *skipped])
     if prof is None:
         return t
     update: dict[str, float] = {}
@@ -159,6 +167,4 @@ def with_measured(t: Target, store: CalibrationStore | None, dtype: str = "bf16"
         f"(device profile #{prof.id}{': ' + prof.note if prof.note else ''}) in place of the "
         f"{'catalog' if t.source == 'catalog' else t.source} figures."
     )
-    return Target(
-        t.spec.model_copy(update=update), t.available_gb, t.total_gb, t.source + " + measured", [*t.notes, note]
-    )
+    return replace(t, spec=t.spec.model_copy(update=update), source=t.source + " + measured", notes=[*t.notes, note])

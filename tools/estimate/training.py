@@ -229,7 +229,7 @@ def _factor(
     """(activation factor, note) for checkpointing on/off: a comparable calibrated run, else the default."""
     if store is not None:
         m = store.best(
-            "training", gpu.id, "activation_factor", params=shape.params(), method=p.method, **comparable(p, gc)
+            "training", gpu.id, "activation_factor", params=shape.params(), method=p.method, config=comparable(p, gc)
         )
         if m is not None and m.activation_factor:
             return m.activation_factor, f"activation factor from run #{m.id} ({m.model}, {m.created_at[:10]})"
@@ -279,7 +279,7 @@ def plan_on_gpu(
     mfu, mfu_src = MFU[p.method], MFU_SOURCE
     if store is not None:
         same = comparable(p, checkpointing)
-        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method, **same)
+        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method, config=same)
         if r is not None and r.mfu:
             mfu, mfu_src = r.mfu, f"measured: run #{r.id} ({r.model}, {r.created_at[:10]})"
 
@@ -350,3 +350,12 @@ def plausibility(tps_given: float, shape: ModelShape, p: TrainingPlanInput, gpu:
             "samples/s, or generation speed rather than training throughput."
         )
     return None
+
+
+def measured_activation_factor(
+    shape: ModelShape, plan: TrainingPlanInput, micro_batch: int, peak_gb: float
+) -> float | None:
+    static = sum(static_memory(shape, plan).values()) + TRAINING_OVERHEAD_GB * 1e9
+    acts, logits = activation_bytes(shape, plan, micro_batch, plan.gradient_checkpointing)
+    factor = (peak_gb * 1e9 - static) / (acts + logits)
+    return factor if factor > 0 else None
