@@ -45,7 +45,7 @@ class RunStore:
         return f"{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{kind}-{secrets.token_hex(3)}"
 
     def dir(self, run_id: str) -> Path:
-        if not RUN_ID.match(run_id):
+        if not RUN_ID.fullmatch(run_id):
             raise InvalidInputError(f"'{run_id}' is not a bench run id; bench_list shows the stored runs")
         return self.root / run_id
 
@@ -82,12 +82,12 @@ class RunStore:
 
     def files(self, run_id: str) -> list[str]:
         d = self.dir(run_id)
-        return sorted(p.name for p in d.iterdir() if FILE_NAME.match(p.name) and p.name != "run.json")
+        return sorted(p.name for p in d.iterdir() if FILE_NAME.fullmatch(p.name) and p.name != "run.json")
 
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
         if not self.root.is_dir():
             return []
-        ids = sorted((p.name for p in self.root.iterdir() if RUN_ID.match(p.name)), reverse=True)
+        ids = sorted((p.name for p in self.root.iterdir() if RUN_ID.fullmatch(p.name)), reverse=True)
         out = []
         for run_id in ids:
             try:
@@ -100,7 +100,7 @@ class RunStore:
 
     @staticmethod
     def _checked_name(name: str) -> str:
-        if not FILE_NAME.match(name) or ".." in name:
+        if not FILE_NAME.fullmatch(name) or ".." in name:
             raise InvalidInputError(f"'{name}' is not a bench file name (e.g. tflops.png, table.csv)")
         return name.rsplit(".", 1)[1]
 

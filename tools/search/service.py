@@ -83,7 +83,7 @@ class SearchService:
 
     # --- names and stores -----------------------------------------------------------------------
     def _check_name(self, name: str) -> str:
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise InvalidInputError(f"index name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
         return name
 
