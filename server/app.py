@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import GetPromptResult, InputRequiredResult
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -33,6 +34,17 @@ class GpuboxServer(MCPServer[AppState]):
     def __init__(self, state: AppState, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.state = state
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[AppState, Any] | None = None
+    ) -> GetPromptResult | InputRequiredResult:
+        """The SDK's prompts/get, with argument errors as invalid params naming the argument (not an internal
+        error): see gpubox.prompts.checked_get."""
+        from gpubox.prompts import checked_get
+
+        return await checked_get(
+            self, name, arguments, lambda: super(GpuboxServer, self).get_prompt(name, arguments, context)
+        )
 
 
 def build_server(settings: Settings | None = None, *, state: AppState | None = None) -> GpuboxServer:
