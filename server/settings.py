@@ -32,6 +32,21 @@ def default_state_dir() -> Path:
     return Path(base) / "gpubox"
 
 
+def read_token_file(path: Path) -> str:
+    """The first line of a token file, stripped; ConfigError if it is unreadable, not UTF-8 or empty."""
+    try:
+        first = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"token_file {path} is not UTF-8 text; put the token on its first line") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"token_file {path} cannot be read ({exc.strerror}); check it exists and its permissions"
+        ) from None
+    if first and first[0].strip():
+        return first[0].strip()
+    raise ConfigError(f"token_file {path} is empty; put the token on its first line")
+
+
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -262,19 +277,7 @@ class Settings(BaseSettings):
                 raise ConfigError("the token (GPUBOX_TOKEN / --token) is blank; set a real token or unset it")
             return value
         if self.token_file is not None:
-            try:
-                first = self.token_file.read_text(encoding="utf-8").splitlines()
-            except UnicodeDecodeError:
-                raise ConfigError(
-                    f"token_file {self.token_file} is not UTF-8 text; put the token on its first line"
-                ) from None
-            except OSError as exc:
-                raise ConfigError(
-                    f"token_file {self.token_file} cannot be read ({exc.strerror}); check it exists and its permissions"
-                ) from None
-            if first and first[0].strip():
-                return first[0].strip()
-            raise ConfigError(f"token_file {self.token_file} is empty; put the token on its first line")
+            return read_token_file(self.token_file)
         return None
 
     def ensure_state_dir(self) -> Path:
