@@ -73,7 +73,9 @@ def _serve(ns: argparse.Namespace) -> int:
     mcp = build_server(settings)
     try:
         if ns.transport == "stdio":
-            mcp.run()
+            from gpubox.framing import serve_stdio
+
+            serve_stdio(mcp, settings.max_request_body_bytes)  # mcp.run() with malformed frames answered
         else:
             from gpubox.http import serve_http
 

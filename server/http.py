@@ -2,7 +2,8 @@
 
 Security: binding beyond loopback needs a token of at least MIN_TOKEN_CHARS; DNS-rebinding protection is
 always on with explicit allowed hosts/origins (the SDK switches it off silently for non-loopback binds
-otherwise) and compares whole hosts and ports (gpubox.httpguard); requests must arrive within a deadline.
+otherwise) and compares whole hosts and ports (gpubox.httpguard); requests must arrive within a deadline and
+within header limits. A malformed JSON-RPC frame is answered with its JSON-RPC error and id (gpubox.framing).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 
 from gpubox.errors import ConfigError
-from gpubox.httpguard import HostOriginGuard, deadline_protocol
+from gpubox.framing import guard_routes
+from gpubox.httpguard import MAX_HEADER_BYTES, HostOriginGuard, deadline_protocol
 from gpubox.settings import Settings, is_loopback
 
 log = logging.getLogger("gpubox.http")
@@ -102,6 +104,8 @@ def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:
     sse = mcp.sse_app(**common)
     have = {getattr(r, "path", None) for r in app.router.routes}
     app.router.routes.extend(r for r in sse.router.routes if getattr(r, "path", None) not in have)
+    # Mount strips the trailing slash of /messages/
+    guard_routes(app, {"/mcp", "/messages"}, settings.max_request_body_bytes)
     # The SDK's own check stays on behind this one; this one compares hosts and ports whole.
     app.add_middleware(
         HostOriginGuard,
@@ -135,6 +139,10 @@ def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
         access_log=settings.log_level == "DEBUG",
         lifespan="on",
         http=deadline_protocol(settings.http_request_timeout_seconds),
+        # h11 bounds the head still incomplete (uvicorn answers 400 past it), the guard every complete head (431
+        # with a reason). h11's bound at twice the guard's: a head between the two always gets the guard's 431,
+        # while memory per connection stays bounded.
+        h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES,
     )
     server = uvicorn.Server(config)
     log.info(connect_hint(settings))
