@@ -51,8 +51,14 @@ def problem(field: str, value: object, low: float, high: float, why: str = "") -
     """Why `value` of `field` is refused, naming the bound; None when it is inside [low, high] (or absent)."""
     if value is None:
         return None
-    if not isinstance(value, int | float) or not is_number(value) or not math.isfinite(value):
-        return f"{field} must be a finite number, got {value!r}"
+    try:  # an int beyond float range (10**400) overflows here: it is no finite float either
+        number = float(value) if isinstance(value, int | float) and is_number(value) else math.nan
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        shown = repr(value)
+        return f"{field} must be a finite number, got {shown if len(shown) <= 40 else shown[:37] + '...'}"
+    value = number
     if value <= 0:
         return f"{field} must be positive (> 0), got {value:g}"
     if value < low:
