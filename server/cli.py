@@ -1,4 +1,4 @@
-"""The `gpubox` command: serve, call, doctor, client-config."""
+"""The `gpubox` command: serve, call, doctor, client-config, install, uninstall."""
 
 from __future__ import annotations
 
@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--host", help=argparse.SUPPRESS)
     cc.add_argument("--port", type=int, help="port of the remote server (remote target)")
     cc.set_defaults(func=_client_config)
+
+    from gpubox.installcmd import register  # install / uninstall: write a client's own config file
+
+    register(sub, _settings_args, _load_settings)
     return parser
 
 

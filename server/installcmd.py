@@ -38,7 +38,11 @@ def register(sub: Any, settings_args: SettingsArgs, load_settings: LoadSettings)
         "--remote", metavar="URL", help="a gpubox HTTP server instead of stdio, e.g. http://127.0.0.1:8765/mcp"
     )
     inst.add_argument(
-        "--token-file", type=Path, dest="remote_token_file", help="file whose first line is the remote server's token"
+        "--token-file",
+        type=Path,
+        dest="remote_token_file",
+        metavar="FILE",
+        help="file whose first line is the remote server's token",
     )
     inst.set_defaults(func=functools.partial(_install, load_settings=load_settings))
     uninst = sub.add_parser("uninstall", help="remove gpubox's entry from an MCP client's config file")
