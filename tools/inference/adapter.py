@@ -8,6 +8,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
+from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.inference import service
@@ -133,7 +134,7 @@ def register(mcp: MCPServer[Any]) -> None:
         for this GPU use the measured efficiency."""
         state = app_state(ctx)
 
-        def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> tuple[int, float | None] | None:
+        def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> service.Recorded:
             if r.entry.format != "gguf" or decode <= 0:
                 return None
             from gpubox.tools.estimate.adapter import estimator
@@ -143,16 +144,19 @@ def register(mcp: MCPServer[Any]) -> None:
             gpu = gpus[0].name if gpus and r.plan.device.startswith("cuda") else "cpu"
             from gpubox.tools.estimate.modelinfo import read_gguf
 
-            m = estimator(state).record_inference(
-                gpu,
-                read_gguf(r.entry.path),
-                None,
-                decode,
-                prefill or None,
-                peak_gb,
-                r.plan.context_length,
-                note=f"infer_benchmark {r.backend.name} on {r.plan.device}",
-            )
+            try:
+                m = estimator(state).record_inference(
+                    gpu,
+                    read_gguf(r.entry.path),
+                    None,
+                    decode,
+                    prefill or None,
+                    peak_gb,
+                    r.plan.context_length,
+                    note=f"infer_benchmark {r.backend.name} on {r.plan.device}",
+                )
+            except InvalidInputError as exc:  # outside the estimator's physical bounds: the figures still stand
+                return exc
             return m.id, m.decode_efficiency
 
         return await service.benchmark(

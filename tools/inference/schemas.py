@@ -96,6 +96,7 @@ class BenchmarkResult(BaseModel):
     peak_memory_gb: float
     bandwidth_share: float | None = Field(None, description="On a GPU: decode bytes/s over the bandwidth ceiling")
     calibration_id: int | None = Field(None, description="Row stored for the estimator (estimate_calibrations)")
+    calibration_note: str | None = Field(None, description="Why the figures were not stored, when they were not")
 
 
 class ChatMessage(BaseModel):

@@ -20,6 +20,8 @@ from gpubox.tools.inference.manager import ModelManager, Resident
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
+# what recording a benchmark as a calibration gave: (row id, decode efficiency), why it was refused, or nothing
+Recorded = tuple[int, float | None] | InvalidInputError | None
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 T = TypeVar("T")
 FILLER = "The quick brown fox jumps over the lazy dog while the GPU box answers questions about code. "
@@ -145,7 +147,7 @@ async def benchmark(
     concurrency: int,
     prompt_tokens: int,
     max_tokens: int,
-    record: Callable[[Resident, float, float, float], tuple[int, float | None] | None],
+    record: Callable[[Resident, float, float, float], Recorded],
     report: Progress | None,
 ) -> BenchmarkResult:
     def prepare() -> tuple[Resident, str]:
@@ -187,7 +189,7 @@ async def benchmark(
     ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
     share = None
 
-    def finish() -> tuple[float, tuple[int, float | None] | None]:  # NVML and the calibration store: off the loop
+    def finish() -> tuple[float, Recorded]:  # NVML and the calibration store: off the loop
         peak_gb = peak / 1e9
         if r.plan.device.startswith("cuda"):
             from gpubox.tools.gpu.nvml import gpu_status
@@ -198,6 +200,8 @@ async def benchmark(
         return peak_gb, record(r, decode, prefill, peak_gb)
 
     peak_gb, calib = await anyio.to_thread.run_sync(finish)
+    refused = f"not stored as a calibration: {calib}" if isinstance(calib, InvalidInputError) else None
+    calib = None if isinstance(calib, InvalidInputError) else calib
     if r.plan.device.startswith("cuda") and calib is not None:
         share = calib[1]  # decode efficiency = achieved bytes/s over the GPU's bandwidth
     return BenchmarkResult(
@@ -218,4 +222,5 @@ async def benchmark(
         peak_memory_gb=round(peak_gb, 3),
         bandwidth_share=share,
         calibration_id=calib[0] if calib else None,
+        calibration_note=refused,
     )
