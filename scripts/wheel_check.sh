@@ -51,6 +51,10 @@ step "gpubox doctor"
 grep -q -i "smollm2" "$WORK/doctor.txt" \
     || { cat "$WORK/doctor.txt" >&2; echo "wheel_check: doctor does not list the bundled SmolLM2" >&2; exit 1; }
 
+step "gpubox install --print (a client config from the installed command; HOME is a temp folder)"
+HOME="$WORK/home" "$WORK/venv/bin/gpubox" install --client cursor --print 2>/dev/null | grep -q "$WORK/venv/bin/gpubox" \
+    || { echo "wheel_check: gpubox install --print does not name the installed gpubox" >&2; exit 1; }
+
 # One tool call over stdio with the official client; argv: the command and its arguments.
 cat >"$WORK/stdio_call.py" <<'EOF'
 import os, sys
