@@ -35,6 +35,9 @@ async def _call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
         ("H100 SXM", "H100-SXM"),
         ("NVIDIA GeForce RTX 4090", "RTX-4090"),
         ("L40S", "L40S"),
+        ("L40", "L40"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX-6000-Ada"),
+        ("Apple M4 Max", "M4-Max"),
     ],
 )
 def test_a_gpu_name_resolves_to_exactly_that_gpu(name: str, gpu_id: str) -> None:
@@ -43,9 +46,10 @@ def test_a_gpu_name_resolves_to_exactly_that_gpu(name: str, gpu_id: str) -> None
 
 def test_a_short_id_inside_a_longer_name_is_not_a_match() -> None:
     cat = package_catalog()
-    # today's "contained id" fallback turned these into the A10 and the L4
+    # today's "contained id" fallback turned these into the A10 and the L4; the L40 is its own entry
+    assert cat.gpu("L40").id == "L40"
     with pytest.raises(UnknownNameError, match="L40S"):
-        cat.gpu("L40")
+        cat.gpu("L40X")
     assert cat.find_gpu("NVIDIA A100 40GB something") is None
     with pytest.raises(InvalidInputError):
         cat.gpu("A10 with more memory")
@@ -65,8 +69,10 @@ async def test_both_estimators_use_the_named_gpu_not_a_shorter_one(client: Clien
     assert inf["results"][0]["gpu"] == "A100-40GB-SXM" and inf["results"][0]["vram_gb"] == 40
     tr = await _call(client, "estimate_training", model="Mistral-7B", gpu="A100 40GB")
     assert tr["results"][0]["gpu"] == "A100-40GB-SXM"
-    res = await client.call_tool("estimate_inference", {"model": "Llama-3-8B", "gpu": "L40"})
+    res = await client.call_tool("estimate_inference", {"model": "Llama-3-8B", "gpu": "L40X"})
     assert res.is_error and "L40S" in res.content[0].text  # type: ignore[union-attr]
+    l40 = await _call(client, "estimate_inference", model="Llama-3-8B", gpu="L40")
+    assert l40["results"][0]["gpu"] == "L40" and l40["results"][0]["vram_gb"] == 48
 
 
 # --- NVML -> planning figures (published specifications) -----------------------------------------------
