@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpubox.tools.estimate import decode_model
 from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import Catalog, GpuSpec, ModelShape
 from gpubox.tools.estimate.formats import SIXTEEN_BIT_EMBEDDINGS, bits_per_weight, kv_bytes
@@ -22,22 +23,6 @@ GB = 1e9
 RUNTIME_OVERHEAD_GB = 0.45  # CUDA context + cuBLAS workspace: 0.3-0.5 GB (PyTorch 'CUDA semantics' notes)
 N_UBATCH = 512  # llama.cpp default physical batch
 PREFILL_MFU = 0.25  # llama.cpp pp512 reaches ~15-35% of dense peak on datacenter GPUs; calibrate per GPU
-
-# Decode efficiency (share of the bandwidth ceiling) by GPU class: "real-world efficiency is ~50-70% of this
-# ceiling" (github.com/AlexsJones/llmfit/pull/137) and the vLLM maintainers' rule of thumb
-# (github.com/vllm-project/vllm/issues/7379). Checked against published llama.cpp runs in the tests.
-DECODE_EFFICIENCY = {
-    "cpu": 0.60,
-    "datacenter-hbm": 0.60,
-    "datacenter-gddr": 0.65,
-    "workstation-gddr": 0.65,
-    "consumer-gddr": 0.70,
-    "apple": 0.65,
-}
-EFFICIENCY_SOURCE = (
-    "default for this GPU class: 50-70% of the bandwidth ceiling (github.com/AlexsJones/llmfit/pull/137, "
-    "github.com/vllm-project/vllm/issues/7379)"
-)
 
 
 @dataclass
@@ -116,6 +101,31 @@ def gpu_layers(shape: ModelShape, wp: WeightPlan, kv_type: str, context: int, ba
     return max(0, min(shape.layers, math.floor((avail - fixed) / per_layer)))
 
 
+def decode_speed(
+    shape: ModelShape,
+    wp: WeightPlan,
+    gpu: GpuSpec,
+    context: int,
+    batch: int,
+    kv_type: str,
+    n_layers: int,
+    host_bandwidth_gbs: float,
+    measured_eff: float | None,
+) -> tuple[float, float]:
+    """(bandwidth ceiling, expected) decode tok/s. A measured efficiency scales the ceiling (it already holds
+    every per-token cost of that GPU); otherwise the class's bandwidth + per-layer model (decode_model)."""
+    # bytes read per decode step: all weights once, plus each sequence's KV at half the context on average
+    kv_read = kv_bytes_per_token(shape, kv_type, context) * (context / 2) * batch
+    frac_gpu = n_layers / shape.layers
+    gpu_bytes = wp.non_layer_bytes + wp.per_layer_bytes * n_layers + kv_read * frac_gpu
+    cpu_s = (wp.per_layer_bytes * (shape.layers - n_layers) + kv_read * (1 - frac_gpu)) / (host_bandwidth_gbs * GB)
+    ceiling = batch / (gpu_bytes / (gpu.bandwidth_gbs * GB) + cpu_s)
+    if measured_eff is not None:
+        return ceiling, ceiling * measured_eff
+    costs = decode_model.costs_for(gpu.gpu_class)
+    return ceiling, batch / (decode_model.step_seconds(gpu_bytes, gpu.bandwidth_gbs, n_layers, costs) + cpu_s)
+
+
 def estimate_on_gpu(
     shape: ModelShape,
     wp: WeightPlan,
@@ -137,25 +147,21 @@ def estimate_on_gpu(
     n_layers = shape.layers if fits else gpu_layers(shape, wp, kv_type, context, batch, avail)
     offload = "full" if fits else ("partial" if n_layers > 0 else "none")
 
-    eff, eff_src = DECODE_EFFICIENCY.get(gpu.gpu_class, 0.6), EFFICIENCY_SOURCE
+    measured_eff: float | None = None
+    eff_src = decode_model.source_text(decode_model.costs_for(gpu.gpu_class))
     prefill_mfu = PREFILL_MFU
     if store is not None:
         m = store.best("inference", gpu.id, "decode_efficiency", params=shape.params(), spec=gpu)
         if m is not None and m.decode_efficiency:
-            eff = m.decode_efficiency
+            measured_eff = m.decode_efficiency
             eff_src = f"measured: run #{m.id} ({m.model}, {m.created_at[:10]})"
         p = store.best("inference", gpu.id, "prefill_tokens_per_s", params=shape.params(), spec=gpu)
         if p is not None and p.prefill_tokens_per_s and p.params:
             prefill_mfu = min(1.0, p.prefill_tokens_per_s * 2 * p.params / (gpu.bf16_tflops * 1e12))
 
-    # bytes read per decode step: all weights once, plus each sequence's KV at half the context on average
-    kv_read = kv_bytes_per_token(shape, kv_type, context) * (context / 2) * batch
+    ceiling, decode = decode_speed(shape, wp, gpu, context, batch, kv_type, n_layers, host_bandwidth_gbs, measured_eff)
+    eff = decode / ceiling
     frac_gpu = n_layers / shape.layers
-    gpu_bytes = wp.non_layer_bytes + wp.per_layer_bytes * n_layers + kv_read * frac_gpu
-    cpu_bytes = wp.per_layer_bytes * (shape.layers - n_layers) + kv_read * (1 - frac_gpu)
-    step_s = gpu_bytes / (gpu.bandwidth_gbs * GB) + cpu_bytes / (host_bandwidth_gbs * GB)
-    ceiling = batch / step_s
-    decode = ceiling * eff
     prefill = prefill_mfu * gpu.bf16_tflops * 1e12 / (2 * shape.params())
     if n_layers < shape.layers:  # CPU layers run the prompt at host speed too
         prefill *= max(frac_gpu, 0.05)
@@ -181,7 +187,7 @@ def estimate_on_gpu(
         offload=offload,
         decode_tokens_per_s_ceiling=round(ceiling, 2),
         decode_tokens_per_s=round(decode, 2),
-        decode_efficiency=round(eff, 3),
+        decode_efficiency=round(eff, 4),
         efficiency_source=eff_src,
         prefill_tokens_per_s=round(prefill, 1),
         prefill_mfu=round(prefill_mfu, 3),
@@ -228,8 +234,12 @@ ASSUMPTIONS = [
     "(e.g. Gemma-3) hold only their window.",
     f"Compute buffers: llama.cpp-style graph buffer for a {N_UBATCH}-token ubatch (logits or attention scores "
     f"without flash attention, fp32); runtime overhead {RUNTIME_OVERHEAD_GB} GB (CUDA context, cuBLAS).",
-    "Decode ceiling = bandwidth / (weights + KV read at half the context per sequence); expected = ceiling x "
-    "efficiency (measured for this GPU when a calibration exists). Partially offloaded layers read at 50 GB/s.",
+    "Decode ceiling = bandwidth / (weights + KV read at half the context per sequence); expected step time = "
+    "bytes / (bandwidth x class efficiency) + layers x a fixed per-layer cost (kernel launches, dequantisation, "
+    "sampling), both fitted per GPU class to published llama.cpp runs (github.com/XiongjieDai/"
+    "GPU-Benchmarks-on-LLM-Inference, github.com/ggml-org/llama.cpp/discussions/4167); a measured calibration "
+    "for this GPU replaces it (expected = ceiling x measured efficiency). Partially offloaded layers read at "
+    "50 GB/s.",
     f"Prefill = MFU x dense BF16 peak / (2 x params), MFU {PREFILL_MFU} unless calibrated.",
     "Cost per million generated tokens = $/hour / (expected decode tok/s x 3600) x 1e6, at full utilisation.",
 ]

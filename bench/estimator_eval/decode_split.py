@@ -3,7 +3,7 @@
 Rule: group the rows by the catalog's GPU class; inside each class, order the rows by
 sha256("gpu|model|quant|context|tg_tok_s") and send every third one (positions 0, 3, 6, ...) to 'check'.
 The hash makes the choice independent of the numbers a model would predict; grouping by class gives
-every class check rows. `python bench/estimator_eval/split.py --write` rewrites the split column;
+every class check rows. `python bench/estimator_eval/decode_split.py --write` rewrites the split column;
 tests/estimate/test_decode_eval.py fails if the stored column and the rule ever disagree.
 """
 

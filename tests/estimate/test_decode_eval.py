@@ -1,0 +1,69 @@
+"""Decode model vs the published validation set (bench/estimator_eval, issue #23): split rule and accuracy."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EVAL = Path(__file__).resolve().parents[2] / "bench" / "estimator_eval"
+
+
+def _load(name: str) -> ModuleType:
+    """bench/ is not a package: load its scripts by path (run.py imports decode_split from its folder)."""
+    if str(EVAL) not in sys.path:
+        sys.path.insert(0, str(EVAL))
+    spec = importlib.util.spec_from_file_location(f"estimator_eval_{name}", EVAL / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+split = _load("decode_split")
+run = _load("run")
+
+ROWS = split.load()
+SCORED = run.score(ROWS)
+CHECK = [s for s in SCORED if s["split"] == "check"]
+# The one check row the model misses: llama.cpp's Q4_K_M on the M1 Max ran 27% slower than on the M3 Max at
+# the same 400 GB/s (XiongjieDai, May 2024) while F16 on both is within 15%; a per-chip effect the per-class
+# model does not carry.
+KNOWN_MISSES = {("M1-Max", "Llama-3-8B", "q4_k_m")}
+
+
+def test_the_set_has_at_least_30_rows_each_with_a_source_url_and_date() -> None:
+    assert len(ROWS) >= 30
+    assert all(r["source"].startswith("https://") and r["date"] for r in ROWS)
+
+
+def test_the_stored_split_follows_the_rule_fixed_before_fitting() -> None:
+    rule = split.assign_split(ROWS)
+    assert all(r["split"] == rule[split.row_key(r)] for r in ROWS)
+    classes = {str(s["gpu_class"]) for s in CHECK}
+    assert {"datacenter-hbm", "consumer-gddr", "apple"} <= classes
+
+
+@pytest.mark.parametrize("gpu_class", ["datacenter-hbm", "consumer-gddr", "workstation-gddr", "apple"])
+def test_median_error_on_check_rows_is_within_15_percent(gpu_class: str) -> None:
+    errs = [abs(float(str(s["error"]))) for s in CHECK if s["gpu_class"] == gpu_class]
+    assert errs and statistics.median(errs) <= 0.15
+
+
+def _params() -> list[object]:
+    out: list[object] = []
+    for s in CHECK:
+        key = (str(s["gpu"]), str(s["model"]), str(s["quant"]))
+        miss = pytest.mark.xfail(strict=True, reason="per-chip effect, see KNOWN_MISSES")
+        marks = [miss] if key in KNOWN_MISSES else []
+        out.append(pytest.param(s, id="-".join((*key, str(s["context"]))), marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("row", _params())
+def test_every_check_row_is_within_25_percent(row: dict[str, object]) -> None:
+    assert abs(float(str(row["error"]))) <= 0.25
