@@ -18,6 +18,7 @@ sys.path.insert(0, str(HERE))
 
 from decode_split import load  # noqa: E402
 
+from gpubox.tools.estimate import decode_model  # noqa: E402
 from gpubox.tools.estimate import inference as inf  # noqa: E402
 from gpubox.tools.estimate.catalog import package_catalog  # noqa: E402
 
@@ -74,6 +75,13 @@ def detail(scored: list[dict[str, object]]) -> list[str]:
     return lines
 
 
+def constants() -> list[str]:
+    lines = ["| GPU class | efficiency (share of datasheet bandwidth) | fixed cost per layer |", "|---" * 3 + "|"]
+    for cls, c in decode_model.DECODE_COSTS.items():
+        lines.append(f"| {cls} | {c.efficiency:.2f} | {c.per_layer_s * 1e6:.0f} us |")
+    return lines
+
+
 def report(scored: list[dict[str, object]], label: str) -> str:
     head = [
         f"# Estimator decode speed vs published llama.cpp runs ({label})",
@@ -82,7 +90,16 @@ def report(scored: list[dict[str, object]], label: str) -> str:
         "Split fixed before fitting (bench/estimator_eval/decode_split.py); constants fitted on 'fit' rows only.",
         "",
     ]
-    return "\n".join([*head, *summary(scored), "", "## Rows", "", *detail(scored), ""])
+    form = [
+        "## Model form (tools/estimate/decode_model.py)",
+        "",
+        "step_s = (weights + KV read at half the context) / (bandwidth x efficiency) + layers x per_layer_s;"
+        " tok/s = batch / step_s. Constants fitted by bench/estimator_eval/fit.py on the fit rows:",
+        "",
+        *constants(),
+        "",
+    ]
+    return "\n".join([*head, *summary(scored), "", *form, "## Rows", "", *detail(scored), ""])
 
 
 def main() -> None:
