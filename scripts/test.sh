@@ -7,6 +7,11 @@
 #      (`.[dev]`, no torch): tests that need an extra skip there with a reason, so this proves a minimal
 #      install runs green.
 # Set GPUBOX_SKIP_TYPECHECK=1 or GPUBOX_SKIP_PY313=1 to leave a stage out locally (CI runs all of them).
+#
+# `./scripts/test.sh --fast` is the check to run before every commit (~2-3 minutes on 2 cores): ruff and every
+# test not marked slow (no model load, training, worker process or index build), in .venv; it installs only when
+# .venv is missing or pyproject.toml / constraints.txt are newer than the last install. Arguments after --fast go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -27,14 +32,39 @@ run_pytest() {
 
 stage() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)" >&2; }
 
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    start=$(date +%s)
+    if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.gpubox-installed ] \
+        || [ constraints.txt -nt .venv/.gpubox-installed ]; then
+        stage "install .venv"
+        ./scripts/install.sh && touch .venv/.gpubox-installed
+    fi
+    stage "ruff"
+    .venv/bin/ruff check server tools resources prompts tests examples bench
+    stage "pytest (fast tier: -m 'not slow')"
+    run_pytest "fast tier" .venv/bin/python -m "not slow" "$@"
+    echo "test.sh: fast tier passed in $(($(date +%s) - start)) s" >&2
+    exit 0
+fi
+
 stage "install .venv"
 ./scripts/install.sh
+touch .venv/.gpubox-installed
 
 stage "ruff"
 .venv/bin/ruff check server tools resources prompts tests examples bench
 
 stage "pytest (.venv, every extra)"
-run_pytest ".venv" .venv/bin/python "$@"
+# the 25 slowest tests are kept in bench/results/test_durations.txt after each full run (issue #24)
+durations="$(mktemp)"
+run_pytest ".venv" .venv/bin/python --durations=25 "$@" | tee "$durations"
+if [ "$#" -eq 0 ]; then
+    { echo "# ./scripts/test.sh full run, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+      sed -n '/slowest 25 durations/,/^=\+ short test summary\|passed\|failed/p' "$durations"; } \
+        > bench/results/test_durations.txt
+fi
+rm -f "$durations"
 
 if [ "${GPUBOX_SKIP_TYPECHECK:-0}" != 1 ]; then
     stage "pyright (installed package)"

@@ -12,13 +12,14 @@ from gpubox.extras import is_available
 MISSING = [m for m in ("torch", "matplotlib") if not is_available(m)]
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not MISSING:
-        return
     skip = pytest.mark.skip(reason=f"needs the 'bench' extra (pip install -e '.[bench]'): {', '.join(MISSING)} missing")
     for item in items:
         if "tests/bench/" in str(item.path):
-            item.add_marker(skip)
+            item.add_marker(pytest.mark.slow)  # every bench tool call starts a torch worker process
+            if MISSING:
+                item.add_marker(skip)
 
 
 @pytest.fixture

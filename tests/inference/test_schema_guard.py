@@ -72,6 +72,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a real server with the model, in a subprocess
 def test_hostile_schemas_are_refused_by_the_real_server_without_crashing_it(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
     cases = {name: schema for name, (schema, _) in HOSTILE.items()}

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds FAISS indexes up to the two-pass tier (tens of thousands of vectors)
 np = pytest.importorskip("numpy", reason="vector search needs numpy: pip install 'gpubox[search]'")
 pytest.importorskip("faiss", reason="vector search needs faiss-cpu: pip install 'gpubox[search]'")
 
