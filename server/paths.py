@@ -9,6 +9,9 @@ Two rules keep the checks honest:
 Checking a path and opening it later is a race (the file can be swapped for a symlink in between), so
 `open_inside` re-checks at open time: it walks the resolved path from `/` one component at a time with
 O_NOFOLLOW, so a symlink that appeared anywhere on the way fails the open.
+
+Libraries handed a folder (datasets.load_from_disk, transformers' from_pretrained) open the files in it by name
+and follow symlinks, so `check_tree_inside` checks every entry of such a folder, not only the folder itself.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not block; it is refused as not regular after
 _AT_OPEN_CHECK = bool(_NOFOLLOW and _DIRECTORY) and os.open in os.supports_dir_fd
+NAME_MAX = 255  # bytes per file name on Linux, macOS and Windows file systems (ext4, APFS, NTFS)
+PATH_MAX = 4096  # Linux's limit for a whole path
+# A dataset or model folder has tens to a few thousand files; walking more would let a request stall the server
+TREE_MAX_ENTRIES = 20_000
+TREE_MAX_DEPTH = 16
 
 
 def _outside(what: str, given: str, roots: Sequence[Path]) -> PathNotAllowedError:
@@ -41,16 +49,31 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == r or path.is_relative_to(r) for r in roots)
 
 
+def _check_lengths(given: str, what: str) -> None:
+    """Refuse names the kernel would refuse with ENAMETOOLONG, with a message that says which part is too long."""
+    if len(given.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise InvalidInputError(f"{what} is longer than {PATH_MAX} bytes; pass a shorter path inside the allowed roots")
+    for part in Path(given).parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > NAME_MAX:
+            raise InvalidInputError(
+                f"{what} has a path component of {size} bytes ('{part[:24]}...'); file and folder names are at most "
+                f"{NAME_MAX} bytes, so pass the real, shorter name of a file inside the allowed roots"
+            )
+
+
 def resolve_inside(path: str | Path, roots: Sequence[Path], *, what: str = "path", must_exist: bool = True) -> Path:
     """Resolve `path` (following symlinks, collapsing ..) and require it inside a root.
 
     A symlink that points outside is refused even when the link itself lies inside, because reading it
-    would read outside. Raises InvalidInputError (NUL byte, ambiguous relative path), PathNotAllowedError
-    (outside every root; the message does not reveal what is there) or NotFoundError (inside, missing).
+    would read outside. Raises InvalidInputError (NUL byte, a name too long, ambiguous relative path, a path the
+    file system cannot read), PathNotAllowedError (outside every root; the message does not reveal what is
+    there) or NotFoundError (inside, missing).
     """
     given = str(path)
     if "\x00" in given:
         raise InvalidInputError(f"{what} contains a NUL byte; pass a plain path inside the allowed roots")
+    _check_lengths(given, what)
     if not roots:
         raise PathNotAllowedError("no allowed roots are configured; set GPUBOX_ALLOWED_ROOTS or --allowed-root")
     resolved_roots = [Path(r).resolve() for r in roots]
@@ -68,9 +91,22 @@ def resolve_inside(path: str | Path, roots: Sequence[Path], *, what: str = "path
         raise _outside(what, given, resolved_roots) from None
     if not _inside(resolved, resolved_roots):
         raise _outside(what, given, resolved_roots)
-    if must_exist and not resolved.exists():
-        raise NotFoundError(f"{what} {given} does not exist inside the allowed roots")
+    if must_exist:
+        _require_exists(resolved, what, given)
     return resolved
+
+
+def _require_exists(resolved: Path, what: str, given: str) -> None:
+    # Path.exists() raises on errors other than "missing" (EACCES, ENAMETOOLONG from a long symlink target), which
+    # the SDK would mask; the path is inside the roots by now, so saying what went wrong reveals nothing outside
+    try:
+        resolved.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFoundError(f"{what} {given} does not exist inside the allowed roots") from None
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{what} {given} cannot be read ({os.strerror(exc.errno or 0)}); check its permissions or pass another path"
+        ) from None
 
 
 def open_inside(path: str | Path, roots: Sequence[Path], *, what: str = "file") -> BinaryIO:
@@ -116,3 +152,71 @@ def _open_nofollow(resolved: Path, what: str, given: str, roots: Sequence[Path])
         raise NotFoundError(f"{what} {given} cannot be opened ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(fd)
+
+
+def check_tree_inside(folder: Path, roots: Sequence[Path], *, what: str = "folder") -> None:
+    """Refuse a folder (already resolved inside the roots) that holds, at any depth, a symlink resolving outside
+    them, or something that is neither a regular file nor a folder (a FIFO would hang the library reading it).
+
+    Symlinks that stay inside are followed (each real folder once), since the library follows them too. The error
+    names the entry by its place in the folder and never says where the link points. Reading by the library
+    happens after this check: a file swapped for a link in between is not caught (the folder's owner can write
+    there anyway; only open_inside closes that race, for the files gpubox reads itself).
+    """
+    resolved_roots = [Path(r).resolve() for r in roots]
+    seen: set[Path] = set()
+    pending: list[tuple[Path, int]] = [(folder, 0)]
+    count = 0
+    while pending:
+        current, depth = pending.pop()
+        real = current.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        for entry in _entries(current, folder, what):
+            count += 1
+            if count > TREE_MAX_ENTRIES:
+                raise InvalidInputError(
+                    f"{what} {folder} holds more than {TREE_MAX_ENTRIES} files and folders; point at the folder "
+                    "that holds just the dataset or model"
+                )
+            if _entry_is_dir(Path(entry.path), folder, what, resolved_roots):
+                if depth + 1 > TREE_MAX_DEPTH:
+                    raise InvalidInputError(f"{what} {folder} nests folders more than {TREE_MAX_DEPTH} deep")
+                pending.append((Path(entry.path), depth + 1))
+
+
+def _entries(current: Path, folder: Path, what: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(current) as it:
+            return list(it)
+    except OSError as exc:
+        where = current.relative_to(folder) if current != folder else "."
+        raise InvalidInputError(
+            f"{what} {folder}: '{where}' cannot be listed ({os.strerror(exc.errno or 0)}); check its permissions"
+        ) from None
+
+
+def _entry_is_dir(path: Path, folder: Path, what: str, roots: Sequence[Path]) -> bool:
+    """Check one entry; True when it is a folder to walk into."""
+    rel = path.relative_to(folder)
+    try:
+        target = path.resolve() if path.is_symlink() else path
+        mode = os.stat(target).st_mode if target.exists() else None
+    except (OSError, RuntimeError):  # a symlink loop or an unreadable link: treated like one that leaves
+        target, mode = None, None
+    if target is None or not _inside(target, roots):
+        shown = ", ".join(str(r) for r in roots)
+        raise PathNotAllowedError(
+            f"{what} {folder}: '{rel}' is a symlink that resolves outside the allowed roots ({shown}); nothing was "
+            "read from it. Replace the link with the file itself, or move its target inside the roots"
+        )
+    if mode is None:  # a link to a missing file inside the roots: the library reports it as missing
+        return False
+    if stat.S_ISDIR(mode):
+        return True
+    if not stat.S_ISREG(mode):
+        raise InvalidInputError(
+            f"{what} {folder}: '{rel}' is not a regular file (a FIFO, socket or device); remove it from the folder"
+        )
+    return False

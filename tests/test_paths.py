@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.errors import InvalidInputError, NotFoundError, PathNotAllowedError
-from gpubox.paths import open_inside, resolve_inside
+from gpubox.paths import check_tree_inside, open_inside, resolve_inside
 
 
 @pytest.fixture
@@ -105,3 +105,78 @@ def test_open_inside_catches_a_directory_swapped_for_a_symlink_after_the_check(
     with pytest.raises(PathNotAllowedError) as err:
         open_inside("src/main.py", [root])
     assert str(outside) not in str(err.value)
+
+
+def test_a_name_over_255_bytes_is_an_input_error_naming_the_limit(tree: tuple[Path, Path]) -> None:
+    root, _ = tree
+    for given in ("a" * 300, "src/" + "a" * 300, str(root / ("é" * 200))):  # 400 bytes in UTF-8
+        with pytest.raises(InvalidInputError, match="at most 255 bytes"):
+            resolve_inside(given, [root], what="dataset")
+    with pytest.raises(InvalidInputError, match="longer than 4096 bytes"):
+        resolve_inside("/".join(["a" * 200] * 30), [root])
+
+
+def test_a_symlink_whose_target_name_is_too_long_is_an_input_error(tree: tuple[Path, Path]) -> None:
+    root, _ = tree
+    (root / "long").symlink_to("b" * 300)  # resolving works, stat fails with ENAMETOOLONG
+    with pytest.raises((InvalidInputError, NotFoundError)):
+        resolve_inside("long", [root])
+
+
+def test_a_folder_is_checked_entry_by_entry(tree: tuple[Path, Path]) -> None:
+    root, outside = tree
+    folder = root / "src"
+    check_tree_inside(folder, [root])
+    (folder / "state.json").symlink_to(outside / "secret.txt")
+    with pytest.raises(PathNotAllowedError, match=r"'state\.json' is a symlink") as err:
+        check_tree_inside(folder, [root], what="dataset folder")
+    assert "dataset folder" in str(err.value) and str(outside) not in str(err.value)
+    (folder / "state.json").unlink()
+    (folder / "inner").symlink_to(root / "elsewhere", target_is_directory=True)  # a link that stays inside
+    (root / "elsewhere").mkdir()
+    check_tree_inside(folder, [root])
+    (root / "elsewhere" / "x.arrow").symlink_to(outside / "secret.txt")  # reached through the inside link
+    with pytest.raises(PathNotAllowedError, match=r"'inner/x\.arrow'"):
+        check_tree_inside(folder, [root])
+
+
+def test_a_folder_with_a_link_loop_a_fifo_or_too_many_entries_is_refused(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = tree
+    folder = root / "src"
+    (folder / "loop").symlink_to(folder / "loop")
+    with pytest.raises(PathNotAllowedError, match="'loop'"):
+        check_tree_inside(folder, [root])
+    (folder / "loop").unlink()
+    (folder / "up").symlink_to(folder, target_is_directory=True)  # a cycle that stays inside: walked once
+    check_tree_inside(folder, [root])
+    os.mkfifo(folder / "pipe")
+    with pytest.raises(InvalidInputError, match="'pipe' is not a regular file"):
+        check_tree_inside(folder, [root])
+    (folder / "pipe").unlink()
+    import gpubox.paths as paths
+
+    monkeypatch.setattr(paths, "TREE_MAX_ENTRIES", 2)
+    (folder / "a").write_text("")
+    (folder / "b").write_text("")
+    with pytest.raises(InvalidInputError, match="more than 2 files"):
+        check_tree_inside(folder, [root])
+
+
+@pytest.mark.anyio
+async def test_search_index_with_an_overlong_name_says_what_is_wrong(tmp_path: Path) -> None:
+    from mcp import Client
+
+    from gpubox.app import build_server, state_of
+    from gpubox.settings import Settings
+    from tests.conftest import call_err
+
+    (tmp_path / "root").mkdir()
+    mcp = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path / "root"]))
+    try:
+        async with Client(mcp) as client:
+            text = await call_err(client, "search_index", path="a" * 300, dry_run=True)
+    finally:
+        state_of(mcp).close()
+    assert "300 bytes" in text and "255" in text

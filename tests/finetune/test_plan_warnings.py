@@ -57,8 +57,11 @@ def test_more_processes_than_gpus_is_refused_and_cpu_ranks_are_explained(monkeyp
     assert launcher.check_processes(2, "cuda") == []
     with pytest.raises(InvalidInputError, match="num_processes=4 but CUDA sees 2 GPU"):
         launcher.check_processes(4, "cuda")
-    [cpu, *more] = launcher.check_processes(64, "cpu")
-    assert "gloo" in cpu and more and "more than the" in more[0]
+    monkeypatch.setattr(launcher, "_cores", lambda: 2)
+    [cpu] = launcher.check_processes(2, "cpu")
+    assert "gloo" in cpu and "1 thread(s) of the 2 CPU core(s)" in cpu
+    with pytest.raises(InvalidInputError, match="num_processes=64 but this machine has no GPU and 2 CPU core"):
+        launcher.check_processes(64, "cpu")
 
 
 def test_the_launch_command_uses_accelerate_for_several_processes(tmp_path: Path) -> None:

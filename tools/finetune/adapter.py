@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.types import CallToolResult, TextContent
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.estimate.adapter import estimator
@@ -91,6 +91,21 @@ async def with_plot(ft: Finetuner, st: JobStatus) -> CallToolResult:
     return as_result(st, [Image(data=png, format="png").to_image_content()])
 
 
+def build_request(fields: dict[str, Any]) -> FinetuneRequest:
+    """The request from the tool's flat arguments. The SDK checks each argument's type and bounds; the request's
+    own validators (per_device_train_batch_size's range, lora_target_modules' count) run here, in the tool body,
+    where a ValidationError would reach the client as a bare "Error executing tool", so it becomes an input error
+    naming the field."""
+    try:
+        return FinetuneRequest(**fields)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
+        raise InvalidInputError("; ".join(problems[:5]) + "; fix these arguments and plan again") from None
+
+
 def _plan_signature() -> inspect.Signature:
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
     for name, fi in FinetuneRequest.model_fields.items():
@@ -110,7 +125,7 @@ def register(mcp: MCPServer[Any]) -> None:
         accumulation and checkpointing for the device present (GPU, or host RAM on CPU) from the estimator's memory
         planner, with estimated tokens/s and time. Returns a plan_id: pass it to finetune_launch."""
         state = app_state(ctx)
-        return finetuner(state).plan(FinetuneRequest(**request), estimator(state))
+        return finetuner(state).plan(build_request(request), estimator(state))
 
     finetune_plan.__signature__ = _plan_signature()  # type: ignore[attr-defined]
     gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune")(finetune_plan)

@@ -11,76 +11,118 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpubox.errors import InvalidInputError, MissingExtraError, NotFoundError
+from gpubox.paths import open_inside
+from gpubox.tools.finetune import saved
 from gpubox.tools.finetune.schemas import DatasetFormat
 
 ROLES = {"system", "user", "assistant", "tool"}
-MAX_ROWS = 5_000_000
+MAX_ROWS = saved.MAX_ROWS
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
 Opener = Callable[[Path], BinaryIO]
 
 
-def _plain_open(path: Path) -> BinaryIO:
-    return path.open("rb")
+def _opener(roots: Sequence[Path] | None) -> Opener:
+    if roots is None:  # parsing only (unit tests of the formats); the tools always pass their roots
+        return lambda path: path.open("rb")
+    allowed = roots
+    return lambda path: open_inside(path, allowed, what="dataset")
 
 
-def read_rows(path: Path, opener: Opener = _plain_open) -> list[dict[str, Any]]:
-    """Rows of a dataset file or save_to_disk folder; files are opened through `opener` (an allowed-roots check)."""
+def read_rows(path: Path, roots: Sequence[Path] | None = None) -> list[dict[str, Any]]:
+    """Rows of a dataset file or save_to_disk folder. With `roots`, every file is opened through the allowed-roots
+    check and a folder is checked file by file first (datasets opens its files by name, following symlinks)."""
     if path.is_dir():
-        if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
-            raise InvalidInputError(f"{path} is a folder but not a datasets.save_to_disk folder (no dataset_info.json)")
-        try:
-            from datasets import DatasetDict, load_from_disk
-        except ImportError as exc:
-            raise MissingExtraError("Reading a save_to_disk dataset", "train", "datasets") from exc
-        ds = load_from_disk(str(path))
-        if isinstance(ds, DatasetDict):
-            if "train" not in ds:
-                raise InvalidInputError(f"{path} holds splits {list(ds)}; a 'train' split is needed")
-            ds = ds["train"]
-        return [dict(r) for r in ds]  # type: ignore[arg-type]
+        return saved.read_folder(path, roots, MAX_ROWS)
+    opener = _opener(roots)
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise InvalidInputError(f"{path.name}: unsupported dataset file type; use one of {', '.join(SUFFIXES)}")
     try:
         if suffix == ".jsonl":
-            rows = []
-            with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise InvalidInputError(f"{path.name} line {n} is not valid JSON: {exc.msg}") from exc
-            return rows
+            return _read_jsonl(path, opener)
         if suffix == ".json":
-            with opener(path) as fb:
-                data = json.loads(fb.read().decode("utf-8"))
-            if isinstance(data, dict):
-                data = data.get("train", data.get("data"))
-            if not isinstance(data, list):
-                raise InvalidInputError(f"{path.name} must hold a JSON list of rows (or {{'train': [...]}})")
-            return data
+            return _read_json(path, opener)
         if suffix == ".csv":
-            with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8", newline="") as f:
-                return list(csv.DictReader(f))
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise MissingExtraError("Reading Parquet datasets", "train", "pyarrow") from exc
-        with opener(path) as fb:
-            return pq.read_table(fb).to_pylist()
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{path.name} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+            return _read_csv(path, opener)
+        return _read_parquet(path, opener)
     except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{path.name} is not UTF-8 text: {exc.reason}") from exc
+        raise InvalidInputError(f"{path.name} is not UTF-8 text: {exc.reason}; save it as UTF-8") from exc
+
+
+def _json_problem(exc: ValueError | RecursionError) -> str:
+    """Why json.loads refused a text, said so that the user knows what to change."""
+    if isinstance(exc, RecursionError):
+        return "it nests lists/objects too deeply to parse; flatten the row"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (column {exc.colno})"
+    if "integer string conversion" in str(exc):  # Python refuses ints over 4300 digits (CVE-2020-10735)
+        return "it holds an integer with more than 4300 digits; store such a value as a string"
+    return str(exc)[:200]
+
+
+def _read_jsonl(path: Path, opener: Opener) -> list[Any]:
+    rows = []
+    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                raise InvalidInputError(f"{path.name} line {n} is not valid JSON: {_json_problem(exc)}") from None
+    return rows
+
+
+def _read_json(path: Path, opener: Opener) -> list[Any]:
+    with opener(path) as fb:
+        raw = fb.read()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            raise
+        raise InvalidInputError(f"{path.name} is not valid JSON: {_json_problem(exc)}") from None
+    if isinstance(data, dict):
+        data = data.get("train", data.get("data"))
+    if not isinstance(data, list):
+        raise InvalidInputError(f"{path.name} must hold a JSON list of rows (or {{'train': [...]}})")
+    return data
+
+
+def _read_csv(path: Path, opener: Opener) -> list[Any]:
+    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8", newline="") as f:
+        rows: list[Any] = []
+        try:
+            rows.extend(csv.DictReader(f))
+        except csv.Error as exc:  # e.g. "field larger than field limit (131072)"
+            raise InvalidInputError(
+                f"{path.name} row {len(rows) + 1} is not readable CSV ({exc}); Python's csv reader limits a field "
+                f"to {csv.field_size_limit()} characters: store long texts as JSONL or Parquet"
+            ) from None
+        return rows
+
+
+def _read_parquet(path: Path, opener: Opener) -> list[Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise MissingExtraError("Reading Parquet datasets", "train", "pyarrow") from exc
+    with opener(path) as fb:
+        try:
+            return pq.read_table(fb).to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InvalidInputError(
+                f"{path.name} is not a readable Parquet file ({type(exc).__name__}: {str(exc)[:200]}); write it "
+                "again with pandas.DataFrame.to_parquet or pyarrow, or pass JSONL"
+            ) from None
 
 
 def _check_messages(msgs: Any, where: str) -> list[dict[str, str]]:
@@ -108,7 +150,7 @@ def detect_format(row: Any) -> DatasetFormat:
     if "text" in row:
         return "text"
     raise InvalidInputError(
-        f"row 1 has fields {sorted(row)}; expected 'messages' (chat), 'prompt' + 'completion', or 'text'"
+        f"row 1 has fields {sorted(map(str, row))}; expected 'messages' (chat), 'prompt' + 'completion', or 'text'"
     )
 
 
@@ -159,10 +201,11 @@ def normalise(rows: list[Any], source: str) -> tuple[DatasetFormat, list[dict[st
     return fmt, out
 
 
-def load(path: Path, opener: Opener = _plain_open) -> tuple[DatasetFormat, list[dict[str, Any]]]:
+def load(path: Path, roots: Sequence[Path] | None = None) -> tuple[DatasetFormat, list[dict[str, Any]]]:
+    """Validated rows of a dataset; pass the allowed roots (the tools always do) to have every file checked."""
     if not path.exists():
         raise NotFoundError(f"dataset {path} does not exist")
-    return normalise(read_rows(path, opener), path.name)
+    return normalise(read_rows(path, roots), path.name)
 
 
 def render(row: dict[str, Any], fmt: DatasetFormat, tokenizer: Any) -> str:

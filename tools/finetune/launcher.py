@@ -26,7 +26,8 @@ SHUTDOWN_TIMEOUT_S = 120
 
 
 def check_processes(n: int, device: str) -> list[str]:
-    """Plan-time check of num_processes: refuse more ranks than GPUs CUDA sees; warnings for CPU ranks."""
+    """Plan-time check of num_processes: refuse more ranks than GPUs CUDA sees, or on CPU more ranks than cores
+    (each rank needs a core of its own; more only share them, with a copy of the model each); a note otherwise."""
     if device == "cuda":
         visible = visible_gpus()
         if n > visible:
@@ -36,13 +37,15 @@ def check_processes(n: int, device: str) -> list[str]:
             )
         return []
     cores = _cores()
-    out = [
+    if n > cores:
+        raise InvalidInputError(
+            f"num_processes={n} but this machine has no GPU and {cores} CPU core(s) this server may use; CPU ranks "
+            f"need a core each. Use num_processes<={cores} (1 is usually fastest on CPU), or a GPU machine"
+        )
+    return [
         f"num_processes={n} on CPU: {n} gloo ranks, each with its own copy of the model in RAM and "
         f"{max(1, cores // n)} thread(s) of the {cores} CPU core(s) available"
     ]
-    if n > cores:
-        out.append(f"num_processes={n} is more than the {cores} CPU core(s) here: the ranks will slow each other down")
-    return out
 
 
 def visible_gpus() -> int:

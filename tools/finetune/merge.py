@@ -31,11 +31,13 @@ from gpubox.errors import BusyError, CapacityError, InvalidInputError, NotFoundE
 from gpubox.settings import Settings
 from gpubox.tools.finetune.gguf_export import CONVERTER_HINT, OutType, check_exportable
 from gpubox.tools.finetune.service import Finetuner
+from gpubox.tools.inference.registry import check_model_folder, read_json_object
 
 Dtype = Literal["auto", "fp16", "bf16", "fp32"]
 GgufOut = Literal["none", "f16", "q8_0", "f32"]
 BYTES = {"fp16": 2.0, "bf16": 2.0, "fp32": 4.0, "f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}  # q8_0: 32 int8 + f16 scale
 ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+ST_HEADER_MAX = 100_000_000
 DISK_MARGIN = 1.05
 DISK_SLACK = 64 << 20
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -68,18 +70,36 @@ def parameter_count(folder: Path) -> tuple[int, str | None]:
         raise NotFoundError(f"no *.safetensors in {folder}; the base HF folder is incomplete, plan the job again")
     total, dtype = 0, None
     for f in files:
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for key, t in header.items():
-            if key == "__metadata__":
-                continue
+        for t in _tensors(f):
             count = 1
             for d in t["shape"]:
                 count *= int(d)
             total += count
-            dtype = dtype or t["dtype"]
+            dtype = dtype or t.get("dtype")
     return total, dtype
+
+
+def _tensors(path: Path) -> list[dict[str, Any]]:
+    """The tensor entries of a safetensors header: 8-byte little-endian length, then that much JSON
+    (https://huggingface.co/docs/safetensors, which caps the header at 100 MB)."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        raw = fh.read(n) if 0 < n <= ST_HEADER_MAX else b""
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        header = None
+    tensors = [t for k, t in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    ok = tensors is not None and all(
+        isinstance(t, dict)
+        and isinstance(t.get("shape"), list)
+        and all(isinstance(d, int) and 0 <= d < 2**40 for d in t["shape"])
+        for t in tensors
+    )
+    if not ok or tensors is None:
+        raise InvalidInputError(f"{path} is not a valid safetensors file (its header does not parse); save it again")
+    return tensors
 
 
 class Merger:
@@ -133,10 +153,15 @@ class Merger:
                 f"the base HF folder {hf_base} of job {row['id']} is missing; plan and run a job on that model "
                 "again to rebuild it"
             )
-        base_cfg = json.loads((hf_base / "config.json").read_text(encoding="utf-8"))
-        if base_cfg.get("quantization_config"):
+        # a job may have trained on a user's HF folder, which can have changed since: checked file by file again
+        roots = [*ft.roots, ft.base_dir, self.models_dir]
+        check_model_folder(hf_base.resolve(), roots, what="base model folder")
+        base_cfg = read_json_object(hf_base / "config.json", roots)
+        quant = base_cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else quant
             raise InvalidInputError(
-                f"the base {hf_base} is stored quantized ({base_cfg['quantization_config'].get('quant_method')}); "
+                f"the base {hf_base} is stored quantized ({str(method)[:40]}); "
                 "merging into quantized weights corrupts outputs. Merge onto the unquantized original model"
             )
         name = output_name or f"{row['adapter_name']}-merged"

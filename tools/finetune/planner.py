@@ -12,21 +12,42 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError
-from gpubox.paths import open_inside, resolve_inside
+from gpubox.paths import resolve_inside
 from gpubox.tools.finetune import data
 from gpubox.tools.finetune.base import hf_ready
-from gpubox.tools.finetune.schemas import DatasetSummary, FinetuneRequest, ResolvedBase
+from gpubox.tools.finetune.schemas import FORMATS_FOR, DatasetSummary, FinetuneRequest, ResolvedBase
+from gpubox.tools.inference.registry import check_model_folder
 
 CPU_MICRO_BATCH = 4  # CPU training is compute-bound long before RAM runs out; 4 keeps steps short
 
 
-def resolve_base(model: str, registry: dict[str, Any], roots: Sequence[Path], base_dir: Path) -> ResolvedBase:
-    """A registry name (bundled GGUF, model dirs) or a path inside the allowed roots/model dirs."""
+def check_request(req: FinetuneRequest) -> None:
+    """Refuse settings that cannot run together, before any file is read."""
+    if req.bf16 and req.fp16:
+        raise InvalidInputError(
+            "bf16=true and fp16=true: a run uses one mixed precision. Keep bf16=true (GPUs from Ampere on, and "
+            "CPUs) or fp16=true (older GPUs), or leave both null to let the worker choose"
+        )
+    allowed = FORMATS_FOR[req.method]
+    if req.weight_format is not None and req.weight_format not in allowed:
+        raise InvalidInputError(
+            f"weight_format '{req.weight_format}' does not go with method '{req.method}'; use one of "
+            f"{', '.join(allowed)}, or leave it null for {allowed[0]}"
+        )
+
+
+def resolve_base(
+    model: str, registry: dict[str, Any], roots: Sequence[Path], base_dir: Path, own_models: Sequence[Path] = ()
+) -> ResolvedBase:
+    """A registry name (bundled GGUF, model dirs, `own_models`: the merged models in the state dir) or a path
+    inside the allowed roots/model dirs. An HF folder is checked file by file: training opens all of them."""
     entry = registry.get(model.lower())
     if entry is not None:
         if entry.format == "lora":
             raise InvalidInputError(f"{model} is a LoRA adapter; fine-tune its base model '{entry.base_model}' instead")
         name, path, fmt = entry.name, Path(entry.path), entry.format
+        if fmt == "hf":
+            check_model_folder(path.resolve(), [*roots, *own_models])
     else:
         if "/" not in model and not model.endswith(".gguf"):
             names = sorted(k for k, v in registry.items() if v.format != "lora")
@@ -38,6 +59,7 @@ def resolve_base(model: str, registry: dict[str, Any], roots: Sequence[Path], ba
         if path.is_file() and path.suffix == ".gguf":
             name, fmt = path.stem.lower(), "gguf"
         elif path.is_dir() and (path / "config.json").is_file():
+            check_model_folder(path, roots)
             name, fmt = path.name.lower(), "hf"
         else:
             raise InvalidInputError(f"{path} is neither a .gguf file nor a Hugging Face folder with config.json")
@@ -60,7 +82,7 @@ def summarise(
 ) -> tuple[DatasetSummary, list[dict[str, Any]], int]:
     """Validated rows, their summary, and the training tokens after truncation."""
     path = resolve_inside(req.dataset, allowed_roots, what="dataset")
-    fmt, rows = data.load(path, lambda p: open_inside(p, allowed_roots, what="dataset"))
+    fmt, rows = data.load(path, allowed_roots)
     lengths = data.token_lengths(rows, fmt, tokenizer_of())
     scale = len(rows) / len(lengths)
     n_eval = 0

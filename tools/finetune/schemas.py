@@ -13,6 +13,14 @@ DatasetFormat = Literal["messages", "prompt_completion", "text"]
 Scheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
 ]
+# The weight formats the worker can train in (tools/estimate/training.TRAIN_FORMATS): 16/32-bit for LoRA and full
+# fine-tunes, bitsandbytes NF4 (with or without double quantization) for QLoRA
+WeightFormat = Literal["bf16", "fp16", "fp32", "nf4", "nf4_dq"]
+FORMATS_FOR: dict[str, tuple[str, ...]] = {
+    "full": ("bf16", "fp16", "fp32"),
+    "lora": ("bf16", "fp16", "fp32"),
+    "qlora": ("nf4_dq", "nf4"),
+}
 ACTIVE: tuple[JobState, ...] = ("starting", "running")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -40,6 +48,11 @@ class FinetuneRequest(TrainingRequest):
     )
     method: Literal["full", "lora", "qlora"] = Field(
         default="lora", description="LoRA (default), QLoRA (4-bit NF4 base via bitsandbytes) or full fine-tune"
+    )
+    weight_format: WeightFormat | None = Field(  # pyright: ignore[reportIncompatibleVariableOverride]
+        default=None,
+        description="How the base weights are held: lora/full: bf16 (default), fp16 or fp32; qlora: nf4_dq "
+        "(default, double quantization) or nf4",
     )
     lora_target_modules: list[str] | Literal["all-linear"] | None = Field(
         default="all-linear", description="Modules to adapt, e.g. ['q_proj','v_proj'], or 'all-linear'"

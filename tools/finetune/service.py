@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
-from gpubox.paths import open_inside
 from gpubox.settings import Settings
-from gpubox.tools.finetune import launcher, plan_warnings, planner
+from gpubox.tools.finetune import launcher, plan_warnings, planner, targets
 from gpubox.tools.finetune.jobs import JobStore, alive, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ProbeResult
 from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.tools.inference.registry import check_model_folder
 
 EMA = 0.8
 CANCEL_MARK = "cancel-requested"
@@ -54,20 +54,24 @@ class Finetuner:
         return discover([*self.settings.model_dirs, self.settings.state_dir / "models"])
 
     def plan(self, req: FinetuneRequest, estimator: Any = None) -> FinetunePlan:
-        base = planner.resolve_base(req.model, self.registry(), self.roots, self.base_dir)
-        summary, _rows, tokens = planner.summarise(
-            req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)
-        )
+        # cheapest refusals first: the request alone, the device, the base model; the dataset is read last
+        planner.check_request(req)
         status = gpu_status()
         device = "cuda" if status.gpus else "cpu"
         warnings: list[str] = []
+        if req.num_processes > 1:
+            warnings += launcher.check_processes(req.num_processes, device)
+        own_models = [self.settings.state_dir / "models"]
+        base = planner.resolve_base(req.model, self.registry(), self.roots, self.base_dir, own_models)
+        warnings += targets.check(req, base)
+        summary, _rows, tokens = planner.summarise(
+            req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)
+        )
         if device == "cuda":
             warnings += plan_warnings.busy_gpu(status.gpus) + plan_warnings.throttled(status.gpus)
         elif req.method == "qlora":
             warnings.append("QLoRA on CPU runs (bitsandbytes 4-bit) but is slower than LoRA; it pays off on a GPU")
         warnings += plan_warnings.loaded_models(self.inference() if self.inference else None, device)
-        if req.num_processes > 1:
-            warnings += launcher.check_processes(req.num_processes, device)
         if summary.truncated_rows:
             warnings.append(
                 f"{summary.truncated_rows} of {summary.rows} rows are longer than max_length {req.max_length} tokens "
@@ -128,9 +132,12 @@ class Finetuner:
             raise InvalidInputError(
                 f"an adapter named '{name}' already exists at {adapter_dir}; pick another output_name"
             )
-        # the dataset is validated again and snapshotted, so the job trains on what was checked
+        # the dataset (and a user's HF base folder) is checked again: either may have changed since the plan;
+        # the dataset is snapshotted, so the job trains on what was checked
+        if plan.base.format == "hf":
+            check_model_folder(Path(plan.base.hf_path), [*self.roots, self.settings.state_dir / "models"])
         roots = self.settings.allowed_roots
-        _fmt, rows = planner.data.load(Path(plan.dataset.path), lambda p: open_inside(p, roots, what="dataset"))
+        _fmt, rows = planner.data.load(Path(plan.dataset.path), roots)
         random.Random(req.seed).shuffle(rows)
         n_eval = plan.dataset.eval_rows
         job_dir = self.store.job_dir(job_id)

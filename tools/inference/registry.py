@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from gpubox.bundled import smollm2_gguf
 from gpubox.errors import InvalidInputError, NotFoundError, PathNotAllowedError
-from gpubox.paths import resolve_inside
+from gpubox.paths import NAME_MAX, check_tree_inside, open_inside, resolve_inside
 from gpubox.tools.estimate.modelinfo import ResolvedModel, read_gguf
 
 log = logging.getLogger("gpubox.inference")
@@ -29,6 +29,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+JSON_MAX_BYTES = 64 * 1024 * 1024  # a sharded checkpoint's index of a very large model is a few MB
 DEFAULT_MODEL = "smollm2-135m-instruct"
 T = TypeVar("T")
 
@@ -47,16 +49,62 @@ def is_hf_folder(p: Path) -> bool:
 
 
 def inside_roots(path: Path, roots: Sequence[Path], what: str = "model") -> Path:
-    """`path` resolved, refused when it (or a symlink on the way) leaves the roots; the message never says
-    where a symlink points or whether something outside exists."""
+    """`path` resolved, refused when it (or a symlink on the way) leaves the roots; a folder is refused when a
+    file in it does (check_model_folder). The message never says where a symlink points or whether something
+    outside exists."""
     try:
-        return resolve_inside(path, roots, what=what)
+        resolved = resolve_inside(path, roots, what=what)
     except PathNotAllowedError:
         raise PathNotAllowedError(
             f"{what} {path} resolves outside the model directories; symlinks that leave them are refused"
         ) from None
     except NotFoundError:
         raise NotFoundError(f"{what} {path} no longer exists; call infer_models to refresh the list") from None
+    if resolved.is_dir():
+        check_model_folder(resolved, roots, what=what)
+    return resolved
+
+
+def check_model_folder(folder: Path, roots: Sequence[Path], what: str = "model folder") -> None:
+    """Refuse an HF model or adapter folder that would make transformers/peft read outside the roots.
+
+    They open the folder's files by name and follow symlinks, so every entry is checked (check_tree_inside); a
+    sharded checkpoint's index names its shard files and transformers joins those names onto the folder
+    ("../x" or "/x" would leave it), so those must be plain file names. (tokenizer_config.json's "*_file" paths
+    are ignored by transformers >= 5 itself.)
+    """
+    check_tree_inside(folder, roots, what=what)
+    for index in INDEX_FILES:
+        if (folder / index).is_file():
+            weight_map = read_json_object(folder / index, roots).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise InvalidInputError(f"{folder / index} has no 'weight_map' object; save the model again")
+            for shard in set(weight_map.values()):
+                _plain_name(shard, folder / index)
+
+
+def _plain_name(value: Any, source: Path) -> None:
+    ok = isinstance(value, str) and value not in ("", ".", "..") and not any(c in value for c in "/\\\x00")
+    if not ok or len(str(value).encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise InvalidInputError(
+            f"{source} names the file {repr(value)[:80]}, which is not a plain file name in the folder; "
+            "transformers would read it from elsewhere. Save the model again with save_pretrained"
+        )
+
+
+def read_json_object(path: Path, roots: Sequence[Path]) -> dict[str, Any]:
+    """A JSON object file inside the roots, size-bounded; anything else is an InvalidInputError naming it."""
+    with open_inside(path, roots, what="model file") as fh:
+        raw = fh.read(JSON_MAX_BYTES + 1)
+    try:
+        data = json.loads(raw.decode("utf-8")) if len(raw) <= JSON_MAX_BYTES else None
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        data = None
+    if not isinstance(data, dict):
+        raise InvalidInputError(
+            f"{path} is not a JSON object of at most {JSON_MAX_BYTES // 2**20} MiB; fix or remove the file"
+        )
+    return data
 
 
 def discover(model_dirs: Sequence[Path], roots: Sequence[Path] | None = None) -> dict[str, Discovered]:
