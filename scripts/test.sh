@@ -5,8 +5,10 @@
 #   3. pyright (standard mode) on the package as installed (scripts/typecheck.sh);
 #   4. the fast tests and the transport tests again on Python 3.13 in .venv313 with a core-only install
 #      (`.[dev]`, no torch): tests that need an extra skip there with a reason, so this proves a minimal
-#      install runs green.
-# Set GPUBOX_SKIP_TYPECHECK=1 or GPUBOX_SKIP_PY313=1 to leave a stage out locally (CI runs all of them).
+#      install runs green;
+#   5. the built wheel, not the checkout: scripts/wheel_check.sh (a fresh venv outside the repository: gpubox
+#      doctor, one stdio tool call, uvx; about 4-5 minutes).
+# Set GPUBOX_SKIP_TYPECHECK=1, GPUBOX_SKIP_PY313=1 or GPUBOX_SKIP_WHEEL=1 to leave a stage out locally (CI runs all of them).
 #
 # `./scripts/test.sh --fast` is the check to run before every commit (~2-3 minutes on 2 cores): ruff and every
 # test not marked slow (no model load, training, worker process or index build), in .venv; it installs only when
@@ -89,5 +91,9 @@ if [ "${GPUBOX_SKIP_PY313:-0}" != 1 ]; then
         run_pytest ".venv313 (not slow)" .venv313/bin/python -m "not slow"
         run_pytest ".venv313 (transports)" .venv313/bin/python tests/test_transports.py
     fi
+fi
+if [ "${GPUBOX_SKIP_WHEEL:-0}" != 1 ]; then
+    stage "wheel (built wheel in a fresh venv outside the checkout: doctor, stdio call, uvx)"
+    ./scripts/wheel_check.sh
 fi
 stage "all checks passed"
