@@ -227,3 +227,25 @@ async def test_target_modules_are_checked_against_the_bundled_gguf(client: Clien
     pytest.importorskip("transformers", reason="needs gpubox[hf]")
     msg = await plan_err(client, lora_target_modules=["no_such_module"])
     assert "not found in smollm2-135m-instruct" in msg and "q_proj" in msg
+
+
+async def test_a_stored_plan_that_no_longer_validates_is_an_input_error(client: Client, tmp_path: Path) -> None:
+    plans = tmp_path / "root" / "state" / "finetune" / "plans"
+    plans.mkdir(parents=True, exist_ok=True)
+    (plans / "0123abcd.json").write_text(json.dumps({"plan_id": "0123abcd", "request": {"weight_format": "x"}}))
+    msg = await call_err(client, "finetune_launch", plan_id="0123abcd")
+    assert "plan '0123abcd' no longer validates" in msg and "finetune_plan again" in msg
+
+
+def test_real_save_to_disk_folders_still_load_with_the_checks_on(tmp_path: Path) -> None:
+    from gpubox.tools.finetune import data
+
+    root = tmp_path / "root"
+    save_dataset(root / "ds", [{"text": "a"}, {"text": "b"}])
+    assert data.load(root / "ds", [root]) == ("text", [{"text": "a"}, {"text": "b"}])
+    datasets = pytest.importorskip("datasets")
+    split = datasets.Dataset.from_list([{"prompt": "p", "completion": "c"}])
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(root / "dd"))
+    (root / "linked").symlink_to(root / "ds", target_is_directory=True)  # a link that stays inside the roots
+    assert data.load(root / "dd", [root])[0] == "prompt_completion"
+    assert data.load(root / "linked", [root])[1] == [{"text": "a"}, {"text": "b"}]

@@ -49,6 +49,7 @@ class FinetuneRequest(TrainingRequest):
     method: Literal["full", "lora", "qlora"] = Field(
         default="lora", description="LoRA (default), QLoRA (4-bit NF4 base via bitsandbytes) or full fine-tune"
     )
+    # narrower than the estimator's free string on purpose: the tool schema lists the formats a job can train in
     weight_format: WeightFormat | None = Field(  # pyright: ignore[reportIncompatibleVariableOverride]
         default=None,
         description="How the base weights are held: lora/full: bf16 (default), fp16 or fp32; qlora: nf4_dq "

@@ -112,7 +112,12 @@ class Finetuner:
         path = self.plans_dir / f"{plan_id}.json"
         if not plan_id.isalnum() or not path.is_file():
             raise NotFoundError(f"no plan '{plan_id}'; call finetune_plan first and pass its plan_id")
-        return FinetunePlan.model_validate_json(path.read_text(encoding="utf-8"))
+        try:
+            return FinetunePlan.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError:  # a plan saved before a field's accepted values narrowed (weight_format), or damaged
+            raise InvalidInputError(
+                f"plan '{plan_id}' no longer validates (made by an older gpubox, or damaged); call finetune_plan again"
+            ) from None
 
     # --- launch ---------------------------------------------------------------------------------
     def launch(self, plan_id: str, inject_oom: int = 0) -> JobStatus:
