@@ -249,3 +249,28 @@ def test_real_save_to_disk_folders_still_load_with_the_checks_on(tmp_path: Path)
     (root / "linked").symlink_to(root / "ds", target_is_directory=True)  # a link that stays inside the roots
     assert data.load(root / "dd", [root])[0] == "prompt_completion"
     assert data.load(root / "linked", [root])[1] == [{"text": "a"}, {"text": "b"}]
+
+
+async def test_finetune_merge_refuses_a_base_folder_whose_files_link_outside(tmp_path: Path) -> None:
+    from gpubox.tools.finetune.adapter import finetuner
+
+    mcp = build_server(make_settings(tmp_path / "root"))
+    ft = finetuner(state_of(mcp))
+    base = tiny_model(tmp_path / "root" / "models" / "base-hf")  # a user's HF folder the job trained on
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "w.safetensors").write_text(SECRET)
+    (base / "model.safetensors").symlink_to(tmp_path / "outside" / "w.safetensors")
+    adapter = ft.adapters_dir / "ad"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    ft.store.create("abc1", "ad", "base-hf", "lora")
+    ft.store.job_dir("abc1").mkdir(parents=True)
+    hf = {"hf_path": str(base), "format": "hf", "path": str(base), "name": "base-hf"}
+    (ft.store.job_dir("abc1") / "config.json").write_text(json.dumps({"adapter_dir": str(adapter), "base": hf}))
+    ft.store.update("abc1", state="completed")
+    try:
+        async with Client(mcp) as client:
+            msg = await call_err(client, "finetune_merge", job="abc1")
+    finally:
+        state_of(mcp).close()
+    assert "'model.safetensors'" in msg and "outside the allowed roots" in msg and SECRET not in msg
