@@ -82,10 +82,14 @@ def is_host(spec: GpuSpec) -> bool:
     return spec.id == "cpu"
 
 
-def rate_problem(field: str, value: float | None, ceiling: float, how: str) -> str | None:
-    """`value` against [MIN_SHARE, CEILING_SLACK] x `ceiling`; `how` says where the ceiling comes from."""
-    why = f" ({how} = {ceiling:.4g} tok/s; accepted: {MIN_SHARE:g}x to {CEILING_SLACK:g}x that)"
-    return problem(field, value, ceiling * MIN_SHARE, ceiling * CEILING_SLACK, why)
+def rate_problem(
+    field: str, value: float | None, ceiling: float, how: str, floor_ceiling: float | None = None
+) -> str | None:
+    """`value` against [MIN_SHARE x `floor_ceiling` (default: `ceiling`), CEILING_SLACK x `ceiling`]; `how` says
+    where the ceiling comes from."""
+    low = (floor_ceiling if floor_ceiling is not None else ceiling) * MIN_SHARE
+    why = f" ({how} = {ceiling:.4g} tok/s; accepted: {low:.4g} to {CEILING_SLACK:g}x that)"
+    return problem(field, value, low, ceiling * CEILING_SLACK, why)
 
 
 def memory_problem(spec: GpuSpec, peak_gb: float | None) -> str | None:
@@ -101,6 +105,9 @@ def inference_problems(
     tf = HOST_MAX_TFLOPS if is_host(spec) else spec.bf16_tflops
     decode_ceiling = batch * bw * 1e9 / bytes_per_step
     prefill_ceiling = tf * 1e12 / (2 * params)
+    # a host's upper bound is the fastest host there is, but its lower bound must come from an ordinary one
+    # (the estimator's CPU defaults): 1/10,000 of 1,000 TFLOPS would refuse a real 2-core box's prefill
+    floors = (spec.bandwidth_gbs, spec.bf16_tflops) if is_host(spec) else (bw, tf)
     return [
         rate_problem(
             "tokens_per_s",
@@ -108,12 +115,14 @@ def inference_problems(
             decode_ceiling,
             f"decode ceiling on {spec.id}: {bw:g} GB/s / {bytes_per_step / 1e9:.3g} GB read per token"
             + (f" x batch {batch}" if batch > 1 else ""),
+            batch * floors[0] * 1e9 / bytes_per_step,
         ),
         rate_problem(
             "prefill_tokens_per_s",
             prefill,
             prefill_ceiling,
             f"prefill ceiling on {spec.id}: {tf:g} TFLOPS / (2 x {params / 1e9:.3g}B params)",
+            floors[1] * 1e12 / (2 * params),
         ),
     ]
 
