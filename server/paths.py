@@ -200,10 +200,17 @@ def _entries(current: Path, folder: Path, what: str) -> list[os.DirEntry[str]]:
 def _entry_is_dir(path: Path, folder: Path, what: str, roots: Sequence[Path]) -> bool:
     """Check one entry; True when it is a folder to walk into."""
     rel = path.relative_to(folder)
+    target: Path | None
     try:
-        target = path.resolve() if path.is_symlink() else path
-        mode = os.stat(target).st_mode if target.exists() else None
+        # strict: a link loop raises here on every Python (3.13's non-strict resolve returns the loop unresolved)
+        target = path.resolve(strict=True) if path.is_symlink() else path
+    except FileNotFoundError:  # a dangling link: judged by where it points
+        target = path.resolve()
     except (OSError, RuntimeError):  # a symlink loop or an unreadable link: treated like one that leaves
+        target = None
+    try:
+        mode = os.stat(target).st_mode if target is not None and target.exists() else None
+    except OSError:
         target, mode = None, None
     if target is None or not _inside(target, roots):
         shown = ", ".join(str(r) for r in roots)

@@ -165,6 +165,8 @@ def test_a_folder_with_a_link_loop_a_fifo_or_too_many_entries_is_refused(
 
 
 @pytest.mark.anyio
+@pytest.mark.requires_search  # without the extra, search_index says so before it looks at the path
+@pytest.mark.requires_models
 async def test_search_index_with_an_overlong_name_says_what_is_wrong(tmp_path: Path) -> None:
     from mcp import Client
 

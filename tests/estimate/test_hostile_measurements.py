@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,8 @@ def plant(path: Path, train_config: dict[str, Any]) -> dict[str, int]:
         "huge_factor": ("training", cfg, 10.0, 900.0, None, None, 0.2, 1e308),
     }
     ids = {}
-    with sqlite3.connect(path) as db:
+    # closing(): sqlite3's own context manager commits but leaves the connection open (a ResourceWarning on 3.13)
+    with closing(sqlite3.connect(path)) as db, db:
         for label, (kind, config, peak, tps, prefill, eff, mfu, factor) in rows.items():
             cur = db.execute(
                 "INSERT INTO measurements (kind, gpu, model, params, method, config, peak_memory_gb, tokens_per_s, "
