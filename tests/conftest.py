@@ -1,17 +1,20 @@
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
+from mcp.types import CallToolResult
 
 from gpubox.app import build_server, state_of
 from gpubox.extras import is_available
@@ -126,15 +129,25 @@ async def client(request: pytest.FixtureRequest, server: object) -> AsyncIterato
         yield c
 
 
-async def call_ok(client: Client, tool: str, **args: Any) -> dict[str, Any]:
-    """Call `tool` and return its structured result; fails the test on a tool error."""
+# One way to call a tool in a test: these helpers (not `client.call_tool` and a local wrapper). Tool arguments go as
+# keywords; `client` and `tool` are positional-only, so a tool argument may have either name.
+async def call_result(client: Client, tool: str, /, **args: Any) -> CallToolResult:
+    """Call `tool` and return the whole CallToolResult, for tests that read its content blocks too (images, text);
+    fails the test on a tool error or a result without structured content."""
     result = await client.call_tool(tool, args)
     assert not result.is_error, result.content
     assert result.structured_content is not None
-    return result.structured_content
+    return result
 
 
-async def call_err(client: Client, tool: str, **args: Any) -> str:
+async def call_ok(client: Client, tool: str, /, **args: Any) -> dict[str, Any]:
+    """Call `tool` and return its structured result; fails the test on a tool error."""
+    structured = (await call_result(client, tool, **args)).structured_content
+    assert structured is not None
+    return structured
+
+
+async def call_err(client: Client, tool: str, /, **args: Any) -> str:
     """Call `tool`, expect a tool error, and return its text; fails on success or on a masked error.
 
     The SDK masks unexpected exceptions as the bare "Error executing tool <name>"; ours carry a message."""
@@ -143,6 +156,21 @@ async def call_err(client: Client, tool: str, **args: Any) -> str:
     text = " ".join(getattr(c, "text", "") for c in result.content)
     assert text.strip() != f"Error executing tool {tool}" and "Traceback" not in text, text
     return text
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
+    """Poll `predicate` (a plain or an async callable) until it returns something truthy, and return that; fails
+    the test after `timeout` seconds. For a state with no event to wait on: never a fixed sleep instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"wait_until: {getattr(predicate, '__qualname__', predicate)} not true after {timeout} s")
+        await anyio.sleep(interval)
 
 
 def free_port() -> int:

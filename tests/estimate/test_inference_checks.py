@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from mcp import Client
 
@@ -11,20 +9,16 @@ from gpubox.errors import UnknownNameError
 from gpubox.tools.estimate import formats
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.inference import weight_plan
+from tests.conftest import call_ok
 
 pytestmark = pytest.mark.anyio
 
 
-async def _inf(client: Client, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool("estimate_inference", args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 # A vendor-style claim for Qwen2.5-Coder FP16 on an A100 40GB: 120-160 tok/s for 7B, 80-110 for 14B, 40-60 for 32B.
 async def test_a_7b_fp16_claim_above_the_bandwidth_ceiling_is_impossible(client: Client) -> None:
-    est = await _inf(client, model="Qwen2.5-Coder-7B", weight_format="f16", gpu="A100 40GB", tokens_per_s=140)
+    est = await call_ok(
+        client, "estimate_inference", model="Qwen2.5-Coder-7B", weight_format="f16", gpu="A100 40GB", tokens_per_s=140
+    )
     r = est["results"][0]
     assert 90 <= r["decode_tokens_per_s_ceiling"] <= 105  # 1555 GB/s over ~15.2 GB of weights + KV
     assert r["quoted_verdict"] == "above_bandwidth_ceiling"
@@ -32,14 +26,18 @@ async def test_a_7b_fp16_claim_above_the_bandwidth_ceiling_is_impossible(client:
 
 
 async def test_a_14b_fp16_claim_above_the_bandwidth_ceiling_is_impossible(client: Client) -> None:
-    est = await _inf(client, model="Qwen2.5-Coder-14B", weight_format="f16", gpu="A100 40GB", tokens_per_s=95)
+    est = await call_ok(
+        client, "estimate_inference", model="Qwen2.5-Coder-14B", weight_format="f16", gpu="A100 40GB", tokens_per_s=95
+    )
     r = est["results"][0]
     assert 45 <= r["decode_tokens_per_s_ceiling"] <= 55 and r["fits"]
     assert r["quoted_verdict"] == "above_bandwidth_ceiling" and est["warnings"]
 
 
 async def test_a_32b_fp16_claim_on_40_gb_is_impossible_because_it_does_not_fit(client: Client) -> None:
-    est = await _inf(client, model="Qwen2.5-Coder-32B", weight_format="f16", gpu="A100 40GB", tokens_per_s=50)
+    est = await call_ok(
+        client, "estimate_inference", model="Qwen2.5-Coder-32B", weight_format="f16", gpu="A100 40GB", tokens_per_s=50
+    )
     r = est["results"][0]
     assert not r["fits"] and r["memory"]["weights_gb"] > 60
     assert r["quoted_verdict"] == "does_not_fit"
@@ -47,7 +45,9 @@ async def test_a_32b_fp16_claim_on_40_gb_is_impossible_because_it_does_not_fit(c
 
 
 async def test_a_plausible_claim_is_accepted_and_prices_the_tokens(client: Client) -> None:
-    est = await _inf(client, model="Qwen2.5-Coder-7B", weight_format="f16", gpu="A100 40GB", tokens_per_s=60)
+    est = await call_ok(
+        client, "estimate_inference", model="Qwen2.5-Coder-7B", weight_format="f16", gpu="A100 40GB", tokens_per_s=60
+    )
     r = est["results"][0]
     assert r["quoted_verdict"] == "plausible" and not est["warnings"]
     cost = r["costs_per_million_tokens"][0]
@@ -56,8 +56,8 @@ async def test_a_plausible_claim_is_accepted_and_prices_the_tokens(client: Clien
 
 # --- weight formats from the gguf package ----------------------------------------------------------------
 async def test_an_iq2_file_is_costed_at_about_two_bits_not_sixteen(client: Client) -> None:
-    iq2 = await _inf(client, model="Llama-3-8B", weight_format="iq2_xxs", gpu="RTX-4090")
-    bf16 = await _inf(client, model="Llama-3-8B", weight_format="bf16", gpu="RTX-4090")
+    iq2 = await call_ok(client, "estimate_inference", model="Llama-3-8B", weight_format="iq2_xxs", gpu="RTX-4090")
+    bf16 = await call_ok(client, "estimate_inference", model="Llama-3-8B", weight_format="bf16", gpu="RTX-4090")
     ratio = iq2["results"][0]["memory"]["weights_gb"] / bf16["results"][0]["memory"]["weights_gb"]
     assert ratio == pytest.approx(2.0625 / 16, rel=0.01)
     assert iq2["results"][0]["decode_tokens_per_s_ceiling"] > 5 * bf16["results"][0]["decode_tokens_per_s_ceiling"]

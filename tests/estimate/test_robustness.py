@@ -21,6 +21,7 @@ from gpubox.tools.estimate.adapter import estimator
 from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.modelinfo import resolve_model
+from tests.conftest import call_err, call_ok
 
 pytestmark = pytest.mark.anyio
 GOOD = {
@@ -92,10 +93,8 @@ async def test_a_broken_config_reaches_the_client_as_a_clear_error(client: Clien
     d = settings.allowed_roots[0] / "bad-model"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({**GOOD, "num_attention_heads": 0}))
-    result = await client.call_tool("estimate_inference", {"model": str(d), "gpu": "A10"})
-    text = result.content[0].text  # type: ignore[union-attr]
-    assert result.is_error and "num_attention_heads" in text and "config.json" in text
-    assert "Traceback" not in text and "ZeroDivisionError" not in text
+    text = await call_err(client, "estimate_inference", model=str(d), gpu="A10")  # no traceback: call_err checks
+    assert "num_attention_heads" in text and "config.json" in text and "ZeroDivisionError" not in text
 
 
 async def test_a_config_json_symlinked_out_of_the_roots_is_not_read(
@@ -107,13 +106,11 @@ async def test_a_config_json_symlinked_out_of_the_roots_is_not_read(
     d = settings.allowed_roots[0] / "linked-model"
     d.mkdir()
     (d / "config.json").symlink_to(outside / "config.json")
-    result = await client.call_tool("estimate_inference", {"model": str(d), "gpu": "A10"})
-    text = result.content[0].text  # type: ignore[union-attr]
-    assert result.is_error and "outside" in text.lower() and str(outside) not in text
+    text = await call_err(client, "estimate_inference", model=str(d), gpu="A10")
+    assert "outside" in text.lower() and str(outside) not in text
     # a dangling link out of the roots gets the same answer: nothing tells whether the target exists
     (outside / "config.json").unlink()
-    again = await client.call_tool("estimate_inference", {"model": str(d), "gpu": "A10"})
-    assert again.is_error and again.content[0].text == text  # type: ignore[union-attr]
+    assert await call_err(client, "estimate_inference", model=str(d), gpu="A10") == text
 
 
 async def test_an_outside_path_gets_one_answer_whether_or_not_it_exists(client: Client, tmp_path: Path) -> None:
@@ -122,9 +119,7 @@ async def test_an_outside_path_gets_one_answer_whether_or_not_it_exists(client: 
     (real / "config.json").write_text(json.dumps(GOOD))
     texts = []
     for p in (real, tmp_path / "missing"):
-        result = await client.call_tool("estimate_inference", {"model": str(p), "gpu": "A10"})
-        assert result.is_error
-        texts.append(result.content[0].text.replace(str(p), "<path>"))  # type: ignore[union-attr]
+        texts.append((await call_err(client, "estimate_inference", model=str(p), gpu="A10")).replace(str(p), "<path>"))
     assert texts[0] == texts[1]
 
 
@@ -161,39 +156,34 @@ def test_every_calibration_connection_is_closed(tmp_path: Path, monkeypatch: pyt
 # --- measured device profiles ------------------------------------------------------------------------
 async def test_a_measured_device_profile_replaces_catalog_peaks_and_says_so(client: Client, server: object) -> None:
     args = {"model": "Llama-3-8B", "weight_format": "f16", "gpu": "H100-SXM", "context_length": 4096}
-    before = (await client.call_tool("estimate_inference", args)).structured_content
+    before = await call_ok(client, "estimate_inference", **args)
     train_args = {"model": "Llama-3-8B", "gpu": "H100-SXM", "method": "lora"}
-    train_before = (await client.call_tool("estimate_training", train_args)).structured_content
-    assert before is not None and train_before is not None
+    train_before = await call_ok(client, "estimate_training", **train_args)
     prof = estimator(state_of(server)).record_device(  # type: ignore[arg-type]
         "H100 SXM", 2680.0, {"bf16": 700.0, "fp32": 50.0}, note="stream + gemm"
     )
     assert prof.gpu == "H100-SXM"
-    after = (await client.call_tool("estimate_inference", args)).structured_content
-    assert after is not None
+    after = await call_ok(client, "estimate_inference", **args)
     r0, r1 = before["results"][0], after["results"][0]
     assert r1["decode_tokens_per_s_ceiling"] == pytest.approx(r0["decode_tokens_per_s_ceiling"] * 2680 / 3350, rel=1e-3)
     assert r1["prefill_tokens_per_s"] == pytest.approx(r0["prefill_tokens_per_s"] * 700 / 989.4, rel=1e-2)
     day = prof.created_at[:10]
     assert any(f"measured on this box {day}" in a for a in after["assumptions"])
-    train_after = (await client.call_tool("estimate_training", train_args)).structured_content
-    assert train_after is not None
+    train_after = await call_ok(client, "estimate_training", **train_args)
     t0, t1 = train_before["results"][0]["tokens_per_s"], train_after["results"][0]["tokens_per_s"]
     assert t1 == pytest.approx(t0 * 700 / 989.4, rel=1e-2)
     assert any("measured on this box" in a for a in train_after["assumptions"])
-    listed = (await client.call_tool("estimate_calibrations", {"kind": "device"})).structured_content
-    assert listed is not None and listed["measurements"] == []
+    listed = await call_ok(client, "estimate_calibrations", kind="device")
+    assert listed["measurements"] == []
     assert listed["devices"][0]["id"] == prof.id and listed["devices"][0]["tflops"]["bf16"] == 700.0
 
 
 async def test_a_cpu_profile_measured_in_fp32_sets_the_cpu_compute_rate(client: Client, server: object) -> None:
     # a CPU has no bf16 matrix units: bench_device records fp32/fp64 GFLOPS, and fp32 is the rate to use
     args = {"model": "Llama-3-8B", "weight_format": "q4_k_m", "gpu": "cpu", "context_length": 2048}
-    before = (await client.call_tool("estimate_inference", args)).structured_content
-    assert before is not None
+    before = await call_ok(client, "estimate_inference", **args)
     estimator(state_of(server)).record_device("cpu", 20.0, {"fp32": 0.5, "fp64": 0.25})  # type: ignore[arg-type]
-    after = (await client.call_tool("estimate_inference", args)).structured_content
-    assert after is not None
+    after = await call_ok(client, "estimate_inference", **args)
     assert after["results"][0]["prefill_tokens_per_s"] != before["results"][0]["prefill_tokens_per_s"]
     assert any("fp32 matrix 0.5 TFLOPS measured on this box" in a for a in after["assumptions"])
 
@@ -212,14 +202,14 @@ async def test_user_facing_text_cites_public_sources_only(client: Client) -> Non
     for t in (await client.list_tools()).tools:
         if t.name.startswith("estimate_"):
             texts.append(json.dumps(t.model_dump(mode="json")))
-    cat = (await client.call_tool("estimate_gpus", {})).structured_content
+    cat = await call_ok(client, "estimate_gpus")
     texts.append(json.dumps(cat))
     for tool, args in [
         ("estimate_inference", {"model": "Llama-3-8B", "gpu": "all"}),
         ("estimate_training", {"model": "Mistral-7B", "gpu": "all", "dataset_samples": 10}),
         ("estimate_training", {"model": "Mistral-7B", "gpu": "A10", "gradient_checkpointing": "auto"}),
     ]:
-        texts.append(json.dumps((await client.call_tool(tool, args)).structured_content))
+        texts.append(json.dumps(await call_ok(client, tool, **args)))
     data = Path(calibration.__file__).parent / "data"
     texts += [p.read_text(encoding="utf-8") for p in sorted(data.glob("*.json"))]
     found = sorted({m.group(0) for text in texts for m in INTERNAL.finditer(text)})

@@ -12,16 +12,10 @@ from gpubox.app import state_of
 from gpubox.tools.estimate.adapter import estimator
 from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.training import OPTIMIZER_BYTES
+from tests.conftest import call_err, call_ok
 
 pytestmark = pytest.mark.anyio
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-async def _train(client: Client, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool("estimate_training", args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
 
 
 async def test_the_tool_takes_exactly_the_training_request_fields(client: Client) -> None:
@@ -32,21 +26,31 @@ async def test_the_tool_takes_exactly_the_training_request_fields(client: Client
 
 
 async def test_without_a_dataset_size_the_memory_plan_is_given_and_time_is_null(client: Client) -> None:
-    est = await _train(client, model="Mistral-7B", gpu="A10", lora_target_modules=QKVO, gradient_checkpointing=True)
+    est = await call_ok(
+        client,
+        "estimate_training",
+        model="Mistral-7B",
+        gpu="A10",
+        lora_target_modules=QKVO,
+        gradient_checkpointing=True,
+    )
     r = est["results"][0]
     assert r["micro_batch"] == 8 and r["memory"]["total_gb"] > 0  # same plan as with a dataset
     assert r["wall_hours"] is None and r["costs"] == [] and r["electricity_usd"] is None
     assert est["dataset_tokens"] is None
     assert any("No dataset size" in a and "wall_hours" in a for a in est["assumptions"])
-    steps = await _train(client, model="Mistral-7B", gpu="A10", max_steps=100, per_device_train_batch_size=4)
+    steps = await call_ok(
+        client, "estimate_training", model="Mistral-7B", gpu="A10", max_steps=100, per_device_train_batch_size=4
+    )
     s = steps["results"][0]
     assert s["wall_hours"] == pytest.approx(100 * 4 * 512 / (s["tokens_per_s"] * 3600), rel=1e-3)
 
 
 @pytest.mark.parametrize("batch", ["auto", None])
 async def test_auto_and_null_micro_batch_both_let_the_planner_choose(client: Client, batch: str | None) -> None:
-    est = await _train(
+    est = await call_ok(
         client,
+        "estimate_training",
         model="Mistral-7B",
         gpu="A10",
         lora_target_modules=QKVO,
@@ -57,8 +61,13 @@ async def test_auto_and_null_micro_batch_both_let_the_planner_choose(client: Cli
 
 
 async def test_a_fixed_micro_batch_and_accumulation_steps_are_kept(client: Client) -> None:
-    est = await _train(
-        client, model="Mistral-7B", gpu="A10", per_device_train_batch_size=2, gradient_accumulation_steps=16
+    est = await call_ok(
+        client,
+        "estimate_training",
+        model="Mistral-7B",
+        gpu="A10",
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=16,
     )
     r = est["results"][0]
     assert r["micro_batch"] == 2 and r["gradient_accumulation"] == 16 and r["global_batch"] == 32
@@ -68,17 +77,26 @@ async def test_a_fixed_micro_batch_and_accumulation_steps_are_kept(client: Clien
 async def test_auto_checkpointing_is_off_when_the_batch_fits_without_it_and_on_when_it_does_not(
     client: Client,
 ) -> None:
-    roomy = await _train(client, model="Mistral-7B", gpu="H100-SXM", gradient_checkpointing="auto")
+    roomy = await call_ok(
+        client, "estimate_training", model="Mistral-7B", gpu="H100-SXM", gradient_checkpointing="auto"
+    )
     assert roomy["results"][0]["gradient_checkpointing"] is False
     assert roomy["results"][0]["without_checkpointing"] == []
     # Mistral-7B QLoRA at 4096 tokens on an A10: even micro-batch 1 needs ~50 GB without checkpointing
-    tight = await _train(client, model="Mistral-7B", gpu="A10", max_length=4096, gradient_checkpointing="auto")
+    tight = await call_ok(
+        client, "estimate_training", model="Mistral-7B", gpu="A10", max_length=4096, gradient_checkpointing="auto"
+    )
     r = tight["results"][0]
     assert r["gradient_checkpointing"] is True and r["micro_batch"] == 1
     assert r["without_checkpointing"][0]["status"] == "oom"
     assert any("gradient_checkpointing='auto'" in a for a in tight["assumptions"])
-    fixed = await _train(
-        client, model="Mistral-7B", gpu="A10", per_device_train_batch_size=8, gradient_checkpointing="auto"
+    fixed = await call_ok(
+        client,
+        "estimate_training",
+        model="Mistral-7B",
+        gpu="A10",
+        per_device_train_batch_size=8,
+        gradient_checkpointing="auto",
     )
     assert fixed["results"][0]["gradient_checkpointing"] is True  # micro-batch 8 only fits with it
 
@@ -99,7 +117,7 @@ async def test_auto_checkpointing_is_off_when_the_batch_fits_without_it_and_on_w
 async def test_optimizer_state_follows_the_transformers_optim_name(
     client: Client, optim: str, bytes_per_param: float
 ) -> None:
-    est = await _train(client, model="Llama-3-8B", gpu="H100-SXM", method="lora", optim=optim)
+    est = await call_ok(client, "estimate_training", model="Llama-3-8B", gpu="H100-SXM", method="lora", optim=optim)
     assert est["optimizer_bytes_per_param"] == bytes_per_param == OPTIMIZER_BYTES[optim]
     got = est["results"][0]["memory"]["optimizer_gb"]
     assert got == pytest.approx(bytes_per_param * est["trainable_params"] / 1e9, abs=1e-3)
@@ -114,13 +132,11 @@ async def test_optimizer_state_follows_the_transformers_optim_name(
     ],
 )
 async def test_out_of_range_request_fields_are_clear_errors(client: Client, args: dict[str, Any], words: str) -> None:
-    result = await client.call_tool("estimate_training", {"model": "Mistral-7B", "gpu": "A10", **args})
-    assert result.is_error and words in result.content[0].text  # type: ignore[union-attr]
+    assert words in await call_err(client, "estimate_training", model="Mistral-7B", gpu="A10", **args)
 
 
 async def test_an_unknown_optim_is_refused_with_the_valid_names(client: Client) -> None:
-    result = await client.call_tool("estimate_training", {"model": "Mistral-7B", "optim": "adam"})
-    assert result.is_error and "paged_adamw_8bit" in result.content[0].text  # type: ignore[union-attr]
+    assert "paged_adamw_8bit" in await call_err(client, "estimate_training", model="Mistral-7B", optim="adam")
 
 
 class FinetuneLike(TrainingRequest):
@@ -151,14 +167,13 @@ async def test_training_calibrations_apply_only_to_comparable_runs(client: Clien
         "peak_memory_gb": 12.0,
         "tokens_per_s": 900.0,
     }
-    rec = await client.call_tool("estimate_record_measurement", run)
-    assert not rec.is_error and rec.structured_content is not None
-    cfg = rec.structured_content["config"]
+    rec = await call_ok(client, "estimate_record_measurement", **run)
+    cfg = rec["config"]
     assert cfg["lora_r"] == 16 and cfg["lora_target_modules"] == sorted(QKVO) and cfg["optim"] == "paged_adamw_8bit"
     same = {"model": "Mistral-7B", "gpu": "A10", "lora_target_modules": QKVO, "gradient_checkpointing": True}
-    used = (await _train(client, **same))["results"][0]
-    assert used["calibration"] and f"run #{rec.structured_content['id']}" in used["calibration"]
+    used = (await call_ok(client, "estimate_training", **same))["results"][0]
+    assert used["calibration"] and f"run #{rec['id']}" in used["calibration"]
     for change in ({"lora_r": 64}, {"lora_target_modules": "all-linear"}, {"optim": "adamw_torch"}):
-        other = (await _train(client, **{**same, **change}))["results"][0]
+        other = (await call_ok(client, "estimate_training", **{**same, **change}))["results"][0]
         assert other["calibration"] is None, change
         assert other["mfu_source"].startswith("default"), change
