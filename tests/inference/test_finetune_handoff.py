@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import Client
@@ -14,6 +13,7 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
+from tests.conftest import call_err, call_ok
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -52,22 +52,17 @@ async def test_an_adapter_from_fine_tuning_is_listed_and_loads_onto_its_base_in_
     mcp = build_server(Settings.load(state_dir=state, allowed_roots=[roots], infer_context_length=256))
     try:
         async with Client(mcp) as client:
-
-            async def ok(tool: str, **args: Any) -> dict[str, Any]:
-                result = await client.call_tool(tool, args)
-                assert not result.is_error, result.content
-                assert result.structured_content is not None
-                return result.structured_content
-
-            listed = {m["name"]: m for m in (await ok("infer_models"))["models"]}
+            listed = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
             entry = listed["ft-colours"]
             assert entry["format"] == "lora" and entry["base_model"] == str(base_dir)
-            loaded = await ok("infer_load", name="ft-colours")
+            loaded = await call_ok(client, "infer_load", name="ft-colours")
             assert loaded["plan"]["backend"] == "transformers"
             assert loaded["model"]["loaded"]["adapter"] == "ft-colours"
-            out = await ok("infer_complete", model="ft-colours", prompt="The capital of France is", max_tokens=3)
+            out = await call_ok(
+                client, "infer_complete", model="ft-colours", prompt="The capital of France is", max_tokens=3
+            )
             assert out["completion_tokens"] > 0
-            assert (await ok("infer_unload", name="ft-colours"))["unloaded"]
+            assert (await call_ok(client, "infer_unload", name="ft-colours"))["unloaded"]
     finally:
         state_of(mcp).close()
 
@@ -86,10 +81,8 @@ async def test_an_adapter_whose_absolute_base_lies_outside_is_refused_without_pr
     mcp = build_server(Settings.load(state_dir=state, allowed_roots=[state]))
     try:
         async with Client(mcp) as client:
-            found = await client.call_tool("infer_load", {"name": "stray"})
-            missing = await client.call_tool("infer_load", {"name": "stray-missing"})
-        texts = [r.content[0].text for r in (found, missing)]  # type: ignore[union-attr]
-        assert found.is_error and missing.is_error and "is not among the models here" in texts[0]
+            texts = [await call_err(client, "infer_load", name=name) for name in ("stray", "stray-missing")]
+        assert "is not among the models here" in texts[0]
         # the same answer whether or not the outside folder exists
         assert texts[0].replace(str(secret), "X").replace("stray", "S") == texts[1].replace(
             str(tmp_path / "no-such-base"), "X"

@@ -17,7 +17,7 @@ from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
 from gpubox.tools.inference.adapter import manager
-from tests.conftest import has_gpu
+from tests.conftest import call_err, call_ok, has_gpu, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 # a 135M model flips on the CPU build: with only "You are a helpful assistant." an AVX2-only llama.cpp build answers
@@ -45,16 +45,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Path
     state_of(mcp).close()
 
 
-async def ok(client: Client, tool: str, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 async def test_models_lists_the_bundled_gguf_with_its_metadata(env: Any) -> None:
     async with Client(env[0]) as client:
-        models = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
+        models = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
     m = models["smollm2-135m-instruct"]
     assert m["bundled"] and m["format"] == "gguf" and m["quantization"] == "q4_1" and m["chat_template"]
     assert 130e6 < m["params"] < 140e6 and m["context_length"] == 8192 and m["size_bytes"] > 90e6
@@ -89,7 +82,7 @@ async def test_chat_answers_a_factual_question_and_streams_progress(env: Any) ->
 
 async def test_completion_honours_stop_sequences_and_seed(env: Any) -> None:
     async with Client(env[0]) as client:
-        a = await ok(
+        a = await call_ok(
             client,
             "infer_complete",
             prompt="List three fruits: apple,",
@@ -98,7 +91,7 @@ async def test_completion_honours_stop_sequences_and_seed(env: Any) -> None:
             temperature=0.9,
             seed=7,
         )
-        b = await ok(
+        b = await call_ok(
             client,
             "infer_complete",
             prompt="List three fruits: apple,",
@@ -119,7 +112,7 @@ async def test_json_schema_output_parses_and_follows_the_schema(env: Any) -> Non
         "required": ["name", "age"],
     }
     async with Client(env[0]) as client:
-        out = await ok(
+        out = await call_ok(
             client,
             "infer_chat",
             messages=[SYSTEM, {"role": "user", "content": "Ann is 30. Reply as JSON."}],
@@ -133,11 +126,11 @@ async def test_json_schema_output_parses_and_follows_the_schema(env: Any) -> Non
 
 async def test_cancelling_a_request_stops_generation_promptly(env: Any) -> None:
     async with Client(env[0]) as client:
-        await ok(client, "infer_complete", prompt="Hi", max_tokens=2)  # warm: model loaded
+        await call_ok(client, "infer_complete", prompt="Hi", max_tokens=2)  # warm: model loaded
         with anyio.move_on_after(0.8):
             await client.call_tool("infer_complete", {"prompt": "Once upon a time", "max_tokens": 4000})
         t = time.perf_counter()
-        after = await ok(client, "infer_complete", prompt="Hello", max_tokens=4, temperature=0)
+        after = await call_ok(client, "infer_complete", prompt="Hello", max_tokens=4, temperature=0)
         waited = time.perf_counter() - t
     # had generation continued, this request would wait for up to 4000 tokens (~40 s) behind it
     assert after["completion_tokens"] <= 4 and waited < 10
@@ -145,86 +138,83 @@ async def test_cancelling_a_request_stops_generation_promptly(env: Any) -> None:
 
 async def test_context_overflow_is_an_error_with_the_numbers(env: Any) -> None:
     async with Client(env[0]) as client:
-        result = await client.call_tool("infer_complete", {"prompt": "word " * 1500, "max_tokens": 8})
-    assert result.is_error
-    text = result.content[0].text  # type: ignore[union-attr]
+        text = await call_err(client, "infer_complete", prompt="word " * 1500, max_tokens=8)
     assert "context length exceeded" in text and "1024" in text and "context_length=" in text
 
 
 async def test_unknown_model_lists_the_available_names(env: Any) -> None:
     async with Client(env[0]) as client:
-        result = await client.call_tool(
-            "infer_chat", {"model": "llama-9000", "messages": [{"role": "user", "content": "x"}]}
-        )
-    assert result.is_error and "smollm2-135m-instruct" in result.content[0].text  # type: ignore[union-attr]
+        text = await call_err(client, "infer_chat", model="llama-9000", messages=[{"role": "user", "content": "x"}])
+    assert "smollm2-135m-instruct" in text
 
 
 async def test_load_returns_the_plan_and_the_resident_limit_evicts_the_least_recently_used(env: Any) -> None:
     async with Client(env[0]) as client:
-        await ok(client, "infer_unload", name="smollm2-135m-instruct")
-        a = await ok(client, "infer_load", name="smollm2-135m-instruct", context_length=512)
+        await call_ok(client, "infer_unload", name="smollm2-135m-instruct")
+        a = await call_ok(client, "infer_load", name="smollm2-135m-instruct", context_length=512)
         assert a["plan"]["context_length"] == 512 and a["plan"]["backend"] == "llama.cpp"
         if not has_gpu():
             assert a["plan"]["device"] == "cpu" and "no GPU" in a["plan"]["reason"]
-        await ok(client, "infer_load", name="smollm2-copy", context_length=512)
-        models = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
+        await call_ok(client, "infer_load", name="smollm2-copy", context_length=512)
+        models = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
         assert models["smollm2-135m-instruct"]["loaded"] and models["smollm2-copy"]["loaded"]
-        await ok(client, "infer_complete", model="smollm2-copy", prompt="Hi", max_tokens=1)  # copy is now MRU
+        await call_ok(client, "infer_complete", model="smollm2-copy", prompt="Hi", max_tokens=1)  # copy is now MRU
         mgr = manager(state_of(env[0]))
         mgr.settings.infer_max_resident = 1
         try:
-            third = await ok(client, "infer_load", name="smollm2-copy", context_length=256)
+            third = await call_ok(client, "infer_load", name="smollm2-copy", context_length=256)
             assert "smollm2-135m-instruct" in third["evicted"]
         finally:
             mgr.settings.infer_max_resident = 2
-        unloaded = await ok(client, "infer_unload", name="smollm2-copy")
+        unloaded = await call_ok(client, "infer_unload", name="smollm2-copy")
         assert unloaded["unloaded"]
 
 
 async def test_keep_alive_unloads_an_idle_model(env: Any) -> None:
     async with Client(env[0]) as client:
-        await ok(client, "infer_load", name="smollm2-copy", context_length=256, keep_alive_s=0.5)
-        for _ in range(60):
-            models = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
-            if models["smollm2-copy"]["loaded"] is None:
-                break
-            await anyio.sleep(0.1)
-        assert models["smollm2-copy"]["loaded"] is None
+        await call_ok(client, "infer_load", name="smollm2-copy", context_length=256, keep_alive_s=0.5)
+
+        async def unloaded() -> bool:
+            models = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
+            return models["smollm2-copy"]["loaded"] is None
+
+        await wait_until(unloaded, timeout=60)
 
 
 async def test_benchmark_reports_speeds_and_records_a_calibration(env: Any) -> None:
     async with Client(env[0]) as client:
-        bench = await ok(client, "infer_benchmark", requests=3, prompt_tokens=64, max_tokens=16)
+        bench = await call_ok(client, "infer_benchmark", requests=3, prompt_tokens=64, max_tokens=16)
         assert bench["decode_tokens_per_s"] > 0 and bench["prefill_tokens_per_s"] > 0
         assert bench["latency_s_p50"] <= bench["latency_s_p95"] <= bench["latency_s_p99"]
         assert bench["requests_per_s"] > 0 and bench["peak_memory_gb"] > 0
         assert 40 <= bench["prompt_tokens"] <= 70
-        calib = await ok(client, "estimate_calibrations", kind="inference")
+        calib = await call_ok(client, "estimate_calibrations", kind="inference")
         assert any(m["id"] == bench["calibration_id"] for m in calib["measurements"])
 
 
 async def test_other_tools_answer_while_a_model_generates(env: Any) -> None:
     async with Client(env[0]) as client:
-        await ok(client, "infer_complete", prompt="Hi", max_tokens=1)
+        await call_ok(client, "infer_complete", prompt="Hi", max_tokens=1)
         finished: list[float] = []
 
         async def long() -> None:
-            await ok(client, "infer_complete", prompt="Tell a long story:", max_tokens=150, temperature=0)
+            await call_ok(client, "infer_complete", prompt="Tell a long story:", max_tokens=150, temperature=0)
             finished.append(time.perf_counter())
 
+        mgr = manager(state_of(env[0]))
         async with anyio.create_task_group() as tg:
             tg.start_soon(long)
-            await anyio.sleep(0.3)
-            await ok(client, "gpu_status")
+            await wait_until(lambda: any(r.busy for r in list(mgr.resident.values())), timeout=60)  # it is generating
+            await call_ok(client, "gpu_status")
             answered = time.perf_counter()
         assert finished and answered < finished[0]
 
 
 async def test_transformers_backend_loads_the_gguf_dequantised_and_generates(env: Any) -> None:
     async with Client(env[0]) as client:
-        loaded = await ok(client, "infer_load", name="smollm2-copy", backend="transformers", context_length=512)
+        loaded = await call_ok(client, "infer_load", name="smollm2-copy", backend="transformers", context_length=512)
         assert loaded["plan"]["backend"] == "transformers"
-        out = await ok(
+        out = await call_ok(
             client,
             "infer_chat",
             model="smollm2-copy",
@@ -233,15 +223,15 @@ async def test_transformers_backend_loads_the_gguf_dequantised_and_generates(env
             messages=[SYSTEM, {"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in out["text"] and out["completion_tokens"] > 0
-        await ok(client, "infer_unload", name="smollm2-copy")
+        await call_ok(client, "infer_unload", name="smollm2-copy")
 
 
 @pytest.mark.gpu
 async def test_llama_cpp_offloads_every_layer_to_the_gpu(env: Any) -> None:
     async with Client(env[0]) as client:
-        loaded = await ok(client, "infer_load", name="smollm2-135m-instruct")
+        loaded = await call_ok(client, "infer_load", name="smollm2-135m-instruct")
         assert loaded["plan"]["device"] == "cuda" and loaded["plan"]["n_gpu_layers"] == -1
-        out = await ok(client, "infer_complete", prompt="The capital of France is", max_tokens=8, temperature=0)
+        out = await call_ok(client, "infer_complete", prompt="The capital of France is", max_tokens=8, temperature=0)
         assert out["decode_tokens_per_s"] > 100
 
 
@@ -264,10 +254,12 @@ async def test_a_lora_adapter_loads_onto_its_base_model(env: Any) -> None:
         peft_model.save_pretrained(str(adapter_dir))
     del base, peft_model
     async with Client(env[0]) as client:
-        listed = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
+        listed = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
         assert listed["my-adapter"]["format"] == "lora" and listed["my-adapter"]["base_model"] == "smollm2-copy"
-        loaded = await ok(client, "infer_load", name="my-adapter", context_length=256)
+        loaded = await call_ok(client, "infer_load", name="my-adapter", context_length=256)
         assert loaded["plan"]["backend"] == "transformers" and loaded["model"]["loaded"]["adapter"] == "my-adapter"
-        out = await ok(client, "infer_complete", model="my-adapter", prompt="The capital of France is", max_tokens=4)
+        out = await call_ok(
+            client, "infer_complete", model="my-adapter", prompt="The capital of France is", max_tokens=4
+        )
         assert out["completion_tokens"] > 0
-        await ok(client, "infer_unload", name="my-adapter")
+        await call_ok(client, "infer_unload", name="my-adapter")

@@ -17,6 +17,7 @@ from gpubox.errors import PathNotAllowedError
 from gpubox.settings import Settings
 from gpubox.tools.inference import registry
 from gpubox.tools.inference.adapter import manager
+from tests.conftest import call_err, call_ok
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test builds a server that lists real model files
 
@@ -36,19 +37,8 @@ def env(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
 
 
 async def listed(client: Client) -> dict[str, dict[str, Any]]:
-    result = await client.call_tool("infer_models", {})
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return {m["name"]: m for m in result.structured_content["models"]}
-
-
-async def error_text(client: Client, tool: str, **args: Any) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error
-    text = result.content[0].text  # type: ignore[union-attr]
-    # the SDK masks unexpected exceptions to the bare "Error executing tool <name>"; ours carry a message
-    assert text.startswith(f"Error executing tool {tool}: ") and "Traceback" not in text, text
-    return text
+    """infer_models' entries by name."""
+    return {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
 
 
 async def test_a_repeated_listing_reads_no_header_and_a_changed_file_is_read_again(
@@ -84,7 +74,7 @@ async def test_a_broken_config_json_is_listed_with_the_problem_and_refused_by_na
     async with Client(mcp) as client:
         entry = (await listed(client))["broken-hf"]
         assert entry["format"] == "hf" and "config.json" in entry["problem"] and "JSON" in entry["problem"]
-        text = await error_text(client, "infer_load", name="broken-hf")
+        text = await call_err(client, "infer_load", name="broken-hf")
     assert str(broken / "config.json") in text and "not valid JSON" in text
 
 
@@ -94,15 +84,15 @@ async def test_a_file_that_is_not_a_gguf_is_listed_with_the_problem_and_refused(
     async with Client(mcp) as client:
         entry = (await listed(client))["fake"]
         assert entry["problem"] and "fake.gguf" in entry["problem"] and entry["params"] is None
-        text = await error_text(client, "infer_load", name="fake")
+        text = await call_err(client, "infer_load", name="fake")
     assert "fake.gguf" in text and "not a GGUF file" in text
 
 
 async def test_a_name_with_a_nul_byte_is_an_input_error(env: tuple[Any, Path]) -> None:
     async with Client(env[0]) as client:
-        text = await error_text(client, "infer_load", name="copy\x00.gguf")
+        text = await call_err(client, "infer_load", name="copy\x00.gguf")
         assert "NUL byte" in text
-        text = await error_text(client, "infer_chat", model="a\x00b", messages=[{"role": "user", "content": "hi"}])
+        text = await call_err(client, "infer_chat", model="a\x00b", messages=[{"role": "user", "content": "hi"}])
         assert "NUL byte" in text
 
 
@@ -119,7 +109,7 @@ async def test_symlinks_that_leave_the_roots_are_not_listed_or_loaded_and_the_ta
         names = await listed(client)
         assert "escape" not in names and "dangling" not in names
         for name in ("escape", "dangling"):
-            text = await error_text(client, "infer_load", name=name)
+            text = await call_err(client, "infer_load", name=name)
             assert "secret-place" not in text and "hidden" not in text and "does-not-exist" not in text
 
 
