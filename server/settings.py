@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextvars
 import ipaddress
+import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -173,6 +175,22 @@ class Settings(BaseSettings):
         "natively (AMX or AVX512-BF16), else fp32. Vectors from either precision can share an index.",
     )
 
+    # --- box memory ledger (every family reserves here before it allocates) ---------------------
+    memory_budget_gb: float | None = Field(
+        default=None,
+        gt=0,
+        le=65_536,
+        description="GB gpubox may reserve on each device (host RAM and each GPU); default: its memory minus "
+        "memory_headroom_gb.",
+    )
+    memory_budgets: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict,
+        description="Per-device budgets overriding memory_budget_gb, e.g. 'host=8,cuda:0=70' or a JSON object.",
+    )
+    memory_headroom_gb: float | None = Field(
+        default=None, ge=0, le=1024, description="Memory left free on each device (default: 5% of it, at least 0.5)."
+    )
+
     # --- inference -----------------------------------------------------------------------------
     infer_max_resident: int = Field(default=2, ge=1, le=64, description="Models kept loaded at once (LRU eviction).")
     infer_memory_budget_gb: float | None = Field(
@@ -246,6 +264,31 @@ class Settings(BaseSettings):
             if not argv:
                 raise ValueError("idle_command is blank; give the command that stops the box")
         return self
+
+    @field_validator("memory_budgets", mode="before")
+    @classmethod
+    def _budget_pairs(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().startswith("{"):
+            try:
+                return json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"memory_budgets is not valid JSON: {exc}") from None
+        if isinstance(value, str):
+            pairs = [p.strip() for p in value.split(",") if p.strip()]
+            if any("=" not in p for p in pairs):
+                raise ValueError("memory_budgets takes 'device=GB' pairs separated by commas, e.g. 'host=8,cuda:0=70'")
+            return {k.strip(): v.strip() for k, v in (p.split("=", 1) for p in pairs)}
+        return value
+
+    @field_validator("memory_budgets", mode="after")
+    @classmethod
+    def _budget_devices(cls, value: dict[str, float]) -> dict[str, float]:
+        for device, gb in value.items():
+            if not re.fullmatch(r"host|cuda:\d{1,2}", device):
+                raise ValueError(f"memory_budgets: unknown device '{device}'; use 'host' or 'cuda:N'")
+            if not 0 < gb <= 65_536:
+                raise ValueError(f"memory_budgets: {device}={gb} must be above 0 and at most 65536 GB")
+        return value
 
     @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
     @classmethod

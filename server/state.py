@@ -29,7 +29,8 @@ class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._services: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        # reentrant: a factory may ask for the services it depends on (the model manager for the ledger)
+        self._lock = threading.RLock()
 
     def service(self, key: str, factory: Callable[[Settings], S]) -> S:
         """Return the service stored under `key`, building it on first use (thread-safe)."""

@@ -9,10 +9,11 @@ from types import ModuleType
 def families() -> tuple[ModuleType, ...]:
     """Every family module, each exposing `register(mcp)`. Importing them loads no heavy library."""
     from gpubox.tools.bench import adapter as bench
+    from gpubox.tools.box import adapter as box
     from gpubox.tools.estimate import adapter as estimate
     from gpubox.tools.finetune import adapter as finetune
     from gpubox.tools.gpu import adapter as gpu
     from gpubox.tools.inference import adapter as inference
     from gpubox.tools.search import adapter as search
 
-    return (gpu, estimate, search, inference, finetune, bench)
+    return (gpu, box, estimate, search, inference, finetune, bench)

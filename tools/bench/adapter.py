@@ -8,6 +8,7 @@ from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
+from gpubox import services
 from gpubox.errors import InvalidInputError
 from gpubox.registry import READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
@@ -21,13 +22,16 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DeviceArg = Annotated[
     Literal["auto", "cuda", "cpu"], Field(description="'auto': the GPU when torch sees one, else the CPU")
 ]
+Queue = Annotated[
+    bool, Field(description="When memory or the device is taken, wait in line (progress reports the position)")
+]
 TimeLimit = Annotated[
     float, Field(ge=1, le=3600, description="Seconds before the worker process is killed; results so far are kept")
 ]
 
 
 def bench(state: AppState) -> BenchService:
-    return state.service("bench", BenchService)
+    return services.bench(state)
 
 
 def as_list(value: int | list[int] | None, what: str) -> list[int] | None:
@@ -90,6 +94,7 @@ def register(mcp: MCPServer[Any]) -> None:
         ] = None,
         device: DeviceArg = "auto",
         time_limit_s: TimeLimit = 600,
+        queue: Queue = False,
     ) -> Annotated[CallToolResult, AttentionBench]:
         """Which attention kernel is fastest on this box for these shapes? Times each backend per (D, N) in a
         worker process (CUDA events, L2 flushed, median of `iterations`), checks every output against an fp32
@@ -116,9 +121,7 @@ def register(mcp: MCPServer[Any]) -> None:
             "tolerance": tolerance,
             "device": device,
         }
-        result, figs = await bench(app_state(ctx)).attention(
-            app_state(ctx), params, baseline, time_limit_s, ctx.report_progress
-        )
+        result, figs = await bench(app_state(ctx)).attention(params, baseline, time_limit_s, ctx.report_progress, queue)
         won = ", ".join(f"D={w.head_dim} N={w.seq_len}: {w.backend}" for w in result.winners if w.backend)
         return with_images(result, figs, f"bench_attention {result.run_id} ({result.status}); winners: {won or 'none'}")
 
@@ -136,13 +139,14 @@ def register(mcp: MCPServer[Any]) -> None:
             int | None, Field(ge=16, le=16384, description="Bandwidth buffer size, MiB; default 1024 GPU / 256 CPU")
         ] = None,
         time_limit_s: TimeLimit = 300,
+        queue: Queue = False,
     ) -> DeviceBench:
         """What does this box really deliver? Device memory bandwidth (copy, triad), matmul TFLOPS per dtype
         (fp32, tf32, bf16, fp16, fp8 where supported) and pinned host<->device bandwidth; on the CPU, RAM bandwidth
         and BLAS GFLOPS (fp32/fp64). Each figure vs the estimator catalog's datasheet value (ratio). The result is
         stored as a calibration, so later estimate_* calls on this device use the measured figures."""
         params = {"device": device, "iterations": iterations, "matmul_size": matmul_size, "buffer_mb": buffer_mb}
-        return await bench(app_state(ctx)).device(app_state(ctx), params, time_limit_s, ctx.report_progress)
+        return await bench(app_state(ctx)).device(params, time_limit_s, ctx.report_progress, queue)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Past benchmark runs")
     def bench_list(

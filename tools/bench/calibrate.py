@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpubox.errors import GpuboxError, InvalidInputError
-from gpubox.state import AppState
 from gpubox.tools.bench.schemas import DeviceFigure
+from gpubox.tools.estimate.service import Estimator
 
 Sheet = dict[str, tuple[float | None, str | None]]
 TFLOPS_KEYS = {
@@ -23,15 +23,13 @@ TFLOPS_KEYS = {
 }
 
 
-def datasheet(state: AppState, device: str, name: str) -> tuple[Any | None, Sheet]:
+def datasheet(est: Estimator, device: str, name: str) -> tuple[Any | None, Sheet]:
     """(the estimator's spec for this device or None, figure name -> (datasheet value, source)).
 
     The spec is the one estimates use: a catalog entry, a GPU described from NVML, or the host CPU's defaults.
     """
-    from gpubox.tools.estimate.adapter import estimator
-
     try:
-        spec = estimator(state).device_spec("cpu" if device == "cpu" else name)
+        spec = est.device_spec("cpu" if device == "cpu" else name)
     except GpuboxError:
         return None, {}
     src = f"estimator {spec.id}: " + "; ".join(spec.sources.values())
@@ -56,11 +54,9 @@ def datasheet(state: AppState, device: str, name: str) -> tuple[Any | None, Shee
     }
 
 
-def record(state: AppState, device: str, spec: Any | None, figures: list[DeviceFigure], run_id: str) -> str:
+def record(est: Estimator, device: str, spec: Any | None, figures: list[DeviceFigure], run_id: str) -> str:
     """Store the measured bandwidth and TFLOPS as a device calibration; returns what happened, in words."""
-    from gpubox.tools.estimate.adapter import estimator
-
-    store = estimator(state).store
+    store = est.store
     by_name = {f.name: f.measured for f in figures if f.measured is not None}
     bandwidth = max((by_name[k] for k in ("memory_copy", "memory_triad") if k in by_name), default=None)
     # GPU matmuls are reported in TFLOPS, CPU BLAS in GFLOPS: the store takes TFLOPS throughout

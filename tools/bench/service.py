@@ -12,8 +12,7 @@ import anyio
 from gpubox.errors import BusyError, InvalidInputError, MissingExtraError, NotFoundError
 from gpubox.extras import is_available
 from gpubox.settings import Settings
-from gpubox.state import AppState
-from gpubox.tools.bench import plots
+from gpubox.tools.bench import footprint, plots
 from gpubox.tools.bench.runs import RunStore, uri
 from gpubox.tools.bench.schemas import (
     AttentionBench,
@@ -28,6 +27,8 @@ from gpubox.tools.bench.schemas import (
     SkippedBackend,
 )
 from gpubox.tools.bench.worker import WorkerOutcome, run_worker
+from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.estimate.service import Estimator
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 CPU_BASELINE = "sdpa_math"
@@ -48,48 +49,95 @@ def active_finetune_jobs(settings: Settings) -> list[str]:
     ]
 
 
-def busy_inference(state: AppState) -> list[str]:
-    """Models generating right now (a resident but idle model does not disturb a benchmark)."""
-    mgr = state.peek("inference")
-    resident = dict(getattr(mgr, "resident", {}) or {})
-    return [f"inference on '{name}'" for name, r in resident.items() if getattr(r, "busy", 0) > 0]
-
-
 class BenchService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger | None = None,
+        estimator: Callable[[], Estimator] | None = None,
+        busy_models: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.settings = settings
+        self.ledger = ledger if ledger is not None else Ledger(settings)
+        self.estimator = estimator or (lambda: Estimator(settings))
+        self.busy_models = busy_models or list  # models generating right now (they would disturb the timing)
         self.runs = RunStore(settings.state_dir / "bench" / "runs")
         self._lock = threading.Lock()
         self.active: str | None = None
 
     # --- admission ------------------------------------------------------------------------------
-    async def _admit(self, state: AppState, what: str) -> None:
-        holders = await anyio.to_thread.run_sync(lambda: active_finetune_jobs(self.settings) + busy_inference(state))
-        if holders:
-            raise BusyError(
-                f"the GPU is in use by {', '.join(holders)}; a benchmark now would measure contention. "
-                "Wait for it to finish (finetune_status / infer_models) or cancel it, then call again."
-            )
-        if not self._lock.acquire(blocking=False):
-            raise BusyError(f"another benchmark ({self.active}) is running; call again when it has finished")
+    def contention(self) -> list[str]:
+        """Work that would disturb a measurement: fine-tune jobs and models generating right now."""
+        return active_finetune_jobs(self.settings) + [f"inference on '{m}'" for m in self.busy_models()]
+
+    async def _admit(self, what: str, needs: dict[str, float], queue: bool, progress: Progress | None) -> None:
+        owner = f"benchmark {what}"
+        if not queue:
+            holders = await anyio.to_thread.run_sync(self.contention)
+            if holders:
+                raise BusyError(
+                    f"the GPU is in use by {', '.join(holders)}; a benchmark now would measure contention. "
+                    "Wait for it to finish (finetune_status / infer_models), cancel it, or pass queue=true."
+                )
+            if not self._lock.acquire(blocking=False):
+                raise BusyError(f"another benchmark ({self.active}) is running; call again, or pass queue=true")
+            try:
+                await anyio.to_thread.run_sync(
+                    lambda: self.ledger.reserve(owner, "benchmark", needs, "waiting for the benchmark to end")
+                )
+            except BaseException:
+                self._lock.release()
+                raise
+        else:
+            await self._queue(owner, needs, progress)
         self.active = what
 
-    def _release(self) -> None:
+    async def _queue(self, owner: str, needs: dict[str, float], progress: Progress | None) -> None:
+        """Wait in the ledger's queue until memory frees, no benchmark runs and nothing disturbs the timing."""
+        cancel = threading.Event()
+        ready = lambda: not self._lock.locked() and not self.contention()  # noqa: E731
+
+        def wait() -> None:
+            self.ledger.wait_reserve(owner, "benchmark", needs, "waiting for the benchmark to end", cancel, ready=ready)
+
+        async def report() -> None:
+            while progress is not None:
+                pos = self.ledger.position(owner)
+                if pos is not None:
+                    await progress(0, None, f"queued for memory and the device: position {pos}")
+                await anyio.sleep(2)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(report)
+                await anyio.to_thread.run_sync(wait)
+                tg.cancel_scope.cancel()
+            while not self._lock.acquire(blocking=False):  # another queued caller won the slot first: queue again
+                self.ledger.release(owner)
+                await anyio.to_thread.run_sync(wait)
+        except BaseException:
+            cancel.set()
+            self.ledger.release(owner)
+            raise
+
+    def _release(self, what: str) -> None:
+        self.ledger.release(f"benchmark {what}")
         self.active = None
         self._lock.release()
 
     async def _run(
         self,
-        state: AppState,
         task: str,
         params: dict[str, Any],
         limit: float,
         progress: Progress | None,
         total: float | None,
+        queue: bool = False,
     ) -> WorkerOutcome:
         if not is_available("torch"):
             raise MissingExtraError("Device benchmarks", "bench", "torch")
-        await self._admit(state, task)
+        needs = await anyio.to_thread.run_sync(lambda: self.needs(task, params))
+        await self._admit(task, needs, queue, progress)
         done = 0
 
         async def on_event(event: dict[str, Any]) -> None:
@@ -104,20 +152,24 @@ class BenchService:
         try:
             return await run_worker(task, params, limit, on_event)
         finally:
-            self._release()
+            self._release(task)
+
+    def needs(self, task: str, params: dict[str, Any]) -> dict[str, float]:
+        gpus = any(d.device.startswith("cuda") for d in self.ledger.state().devices)
+        return footprint.needs(task, params, gpus)
 
     # --- bench_attention ------------------------------------------------------------------------
     async def attention(
         self,
-        state: AppState,
         params: dict[str, Any],
         baseline: str,
         time_limit_s: float,
         progress: Progress | None = None,
+        queue: bool = False,
     ) -> tuple[AttentionBench, list[plots.Plot]]:
         n_shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
         total = float(n_shapes * len(params.get("backends") or [1])) if params.get("head_dims") else None
-        outcome = await self._run(state, "attention", params, time_limit_s, progress, total)
+        outcome = await self._run("attention", params, time_limit_s, progress, total, queue)
         run_id = self.runs.new_id("attention")
         result, figs = await anyio.to_thread.run_sync(lambda: self._attention_result(run_id, params, baseline, outcome))
         return result, figs
@@ -177,18 +229,19 @@ class BenchService:
 
     # --- bench_device ---------------------------------------------------------------------------
     async def device(
-        self, state: AppState, params: dict[str, Any], time_limit_s: float, progress: Progress | None = None
+        self, params: dict[str, Any], time_limit_s: float, progress: Progress | None = None, queue: bool = False
     ) -> DeviceBench:
-        outcome = await self._run(state, "device", params, time_limit_s, progress, None)
+        outcome = await self._run("device", params, time_limit_s, progress, None, queue)
         run_id = self.runs.new_id("device")
-        return await anyio.to_thread.run_sync(lambda: self._device_result(state, run_id, outcome))
+        return await anyio.to_thread.run_sync(lambda: self._device_result(run_id, outcome))
 
-    def _device_result(self, state: AppState, run_id: str, outcome: WorkerOutcome) -> DeviceBench:
+    def _device_result(self, run_id: str, outcome: WorkerOutcome) -> DeviceBench:
         from gpubox.tools.bench.calibrate import datasheet, record
 
         env = next((e for e in outcome.events if e["type"] == "env"), {})
         device, name = env.get("device", "unknown"), env.get("device_name", "unknown")
-        spec, sheet = datasheet(state, device, name)
+        est = self.estimator()
+        spec, sheet = datasheet(est, device, name)
         figures = []
         for e in (e for e in outcome.events if e["type"] == "figure"):
             ref, source = sheet.get(e["name"], (None, None))
@@ -205,7 +258,7 @@ class BenchService:
                 )
             )
         calibration = (
-            record(state, device, spec, figures, run_id)
+            record(est, device, spec, figures, run_id)
             if outcome.status == "complete"
             else f"nothing stored: the run {outcome.status.replace('_', ' ')}"
         )

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel, Field, ValidationError
 
+from gpubox import services
 from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
@@ -46,7 +47,7 @@ GpuArg = Annotated[
 
 
 def estimator(state: AppState) -> Estimator:
-    return state.service("estimate", Estimator)
+    return services.estimator(state)
 
 
 def register(mcp: MCPServer[Any]) -> None:

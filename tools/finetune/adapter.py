@@ -16,12 +16,11 @@ from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from gpubox.errors import GpuboxError, InvalidInputError
+from gpubox import services
+from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
-from gpubox.tools.estimate.adapter import estimator
-from gpubox.tools.finetune.merge import Dtype, GgufOut, Merger, MergeResult
-from gpubox.tools.finetune.planner import estimator_model
+from gpubox.tools.finetune.merge import Dtype, GgufOut, MergeResult
 from gpubox.tools.finetune.plot import loss_png
 from gpubox.tools.finetune.schemas import (
     ACTIVE,
@@ -30,7 +29,6 @@ from gpubox.tools.finetune.schemas import (
     FinetuneRequest,
     JobList,
     JobStatus,
-    ResolvedBase,
 )
 from gpubox.tools.finetune.service import Finetuner
 
@@ -40,39 +38,7 @@ JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$"
 
 
 def finetuner(state: AppState) -> Finetuner:
-    ft = state.service("finetune", Finetuner)
-    if ft.calibrate is None:
-        ft.calibrate = lambda info: record_calibration(state, info)
-    if ft.inference is None:  # the plan warns about models this server holds in memory; never builds the manager
-        ft.inference = lambda: state.peek("inference")
-    return ft
-
-
-def record_calibration(state: AppState, info: dict[str, Any]) -> str:
-    """Store a finished job's measured tokens/s and peak memory as a training calibration."""
-    req = info["request"]
-    device = info.get("device", "cpu")
-    est = estimator(state)
-    try:
-        m = est.record_training(
-            "cpu" if device == "cpu" else info.get("gpu_name", "local"),
-            estimator_model(est, ResolvedBase.model_validate(info["base"])),
-            req["method"],
-            req["max_length"],
-            info["per_device_train_batch_size"],
-            bool(info["gradient_checkpointing"]),
-            tokens_per_s=info.get("tokens_per_s"),
-            peak_memory_gb=info.get("peak_memory_gb"),
-            lora_r=req["lora_r"],
-            lora_target_modules=req.get("lora_target_modules"),
-            optim=req["optim"],
-            weight_format=req.get("weight_format"),
-            note=f"finetune job {info['job_id']} ({device}, peak memory as "
-            + ("torch.cuda.max_memory_allocated)" if device != "cpu" else "process RSS)"),
-        )
-    except (GpuboxError, TypeError, ValueError) as exc:
-        return f"calibration not recorded: {exc}"
-    return f"calibration recorded: {getattr(m, 'tokens_per_s', None)} tokens/s on {getattr(m, 'gpu', device)}"
+    return services.finetuner(state)
 
 
 def as_result(st: JobStatus, extra: list[Any] | None = None) -> CallToolResult:
@@ -125,7 +91,7 @@ def register(mcp: MCPServer[Any]) -> None:
         accumulation and checkpointing for the device present (GPU, or host RAM on CPU) from the estimator's memory
         planner, with estimated tokens/s and time. Returns a plan_id: pass it to finetune_launch."""
         state = app_state(ctx)
-        return finetuner(state).plan(build_request(request), estimator(state))
+        return finetuner(state).plan(build_request(request), services.estimator(state))
 
     finetune_plan.__signature__ = _plan_signature()  # type: ignore[attr-defined]
     gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune")(finetune_plan)
@@ -134,12 +100,16 @@ def register(mcp: MCPServer[Any]) -> None:
     def finetune_launch(
         ctx: Context,
         plan_id: Annotated[str, Field(min_length=1, max_length=64, description="plan_id from finetune_plan")],
+        queue: Annotated[
+            bool, Field(description="When memory or the training slot is taken, wait in line instead of refusing")
+        ] = False,
     ) -> JobStatus:
         """Start the planned job in a background worker process (trl SFTTrainer + peft) and return at once with
-        its job_id. One job runs at a time: a second launch is refused naming the running job. On an
-        out-of-memory error the worker halves the micro-batch and doubles accumulation (logged in events). The
-        finished adapter appears in infer_models. Poll with finetune_status(job_id, wait_seconds=60)."""
-        return finetuner(app_state(ctx)).launch(plan_id)
+        its job_id, its memory reserved in the box ledger (box_plan). One job runs at a time; a launch that does
+        not fit is refused naming who holds the memory, or with queue=true waits (state 'queued', queue_position)
+        and starts when memory frees. On an out-of-memory error the worker halves the micro-batch and doubles
+        accumulation (logged in events). Poll with finetune_status(job_id, wait_seconds=60)."""
+        return finetuner(app_state(ctx)).launch(plan_id, queue=queue)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune status")
     async def finetune_status(
@@ -168,9 +138,11 @@ def register(mcp: MCPServer[Any]) -> None:
         return await with_plot(ft, st) if include_plot else as_result(st)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune jobs")
-    def finetune_list(ctx: Context) -> JobList:
-        """Every fine-tuning job on this box, newest first, with its status."""
-        return finetuner(app_state(ctx)).list()
+    def finetune_list(
+        ctx: Context, limit: Annotated[int, Field(ge=1, le=1000, description="Most jobs to return")] = 20
+    ) -> JobList:
+        """Fine-tuning jobs on this box, newest first, with their status."""
+        return finetuner(app_state(ctx)).list(limit)
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Cancel a fine-tune")
     def finetune_cancel(ctx: Context, job_id: JobId) -> JobStatus:
@@ -222,6 +194,6 @@ def register(mcp: MCPServer[Any]) -> None:
         serves. Runs in a separate process with progress notifications; checks free disk first. Returns the
         paths and the names to pass to infer_load."""
         state = app_state(ctx)
-        merger = state.service("finetune_merge", Merger)
+        merger = services.merger(state)
         spec = await anyio.to_thread.run_sync(merger.prepare, finetuner(state), job, output_name, dtype, gguf)
         return await merger.run(spec, time_limit_s, ctx.report_progress)

@@ -68,11 +68,11 @@ class JobStore:
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
-    def create(self, job_id: str, adapter_name: str, base_model: str, method: str) -> None:
+    def create(self, job_id: str, adapter_name: str, base_model: str, method: str, state: str = "starting") -> None:
         with self._conn() as c:
             c.execute(
                 "INSERT INTO jobs (id, state, adapter_name, base_model, method, created) VALUES (?,?,?,?,?,?)",
-                (job_id, "starting", adapter_name, base_model, method, time.time()),
+                (job_id, state, adapter_name, base_model, method, time.time()),
             )
 
     def get(self, job_id: str) -> dict[str, Any] | None:

@@ -1,17 +1,17 @@
 """Warnings finetune_plan gives about the box as it is now: other processes on the GPU, models this server holds
 loaded for inference, and clocks throttled by power or temperature.
 
-Plain functions over gpu_status's data objects and the inference manager (duck-typed: this module imports
-neither NVML nor the inference family), so each is testable without a GPU.
+Plain functions over gpu_status's data objects and the inference manager's `loaded()` probe (this module imports
+neither NVML nor the inference stack), so each is testable without a GPU.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
 from gpubox.tools.gpu.schemas import GpuDevice
+from gpubox.tools.inference.schemas import LoadedInfo
 
 # Clock event reasons that lower clocks under load. gpu_idle, applications/display clock settings and sync boost
 # are not a slowdown of a training run (NVML nvmlClocksEventReasons:
@@ -65,14 +65,10 @@ def throttled(gpus: Iterable[GpuDevice]) -> list[str]:
     return out
 
 
-def loaded_models(manager: Any, device: str) -> list[str]:
+def loaded_models(loaded: dict[str, LoadedInfo], device: str) -> list[str]:
     """Models this server holds loaded for inference, on the memory the plan is for (GPU or host RAM)."""
-    if manager is None:
-        return []
-    resident = dict(getattr(manager, "resident", {}) or {})
     out = []
-    for name, r in resident.items():
-        info = r.info()
+    for name, info in loaded.items():
         on_gpu = str(info.device).startswith("cuda")
         if device == "cuda" and not on_gpu:
             continue

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpubox.tools.estimate.requests import Optim, TrainingRequest
 
-JobState = Literal["starting", "running", "completed", "failed", "cancelled"]
+JobState = Literal["queued", "starting", "running", "completed", "failed", "cancelled"]
 DatasetFormat = Literal["messages", "prompt_completion", "text"]
 Scheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
@@ -173,6 +173,7 @@ class JobStatus(BaseModel):
     events: list[str] = Field(default_factory=list, description="Decisions the job took (OOM back-off, resume)")
     error: str | None = None
     log_tail: str | None = Field(default=None, description="Last lines of the job log (failed jobs, or on request)")
+    queue_position: int | None = Field(default=None, description="Place in the memory queue while queued (1 = next)")
     next_step: str | None = None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -21,19 +22,28 @@ from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
-from gpubox.tools.finetune import launcher, plan_warnings, planner, targets
+from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
 from gpubox.tools.finetune.jobs import JobStore, alive, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ProbeResult
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
 
+log = logging.getLogger("gpubox.finetune")
 EMA = 0.8
 CANCEL_MARK = "cancel-requested"
 
 
 class Finetuner:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger | None = None,
+        calibrate: Callable[[dict[str, Any]], str] | None = None,
+        loaded: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.settings = settings
+        self.ledger = ledger if ledger is not None else Ledger(settings)
         self.root = settings.state_dir / "finetune"
         self.store = JobStore(self.root)
         self.plans_dir = self.root / "plans"
@@ -42,10 +52,16 @@ class Finetuner:
         for d in (self.plans_dir, self.adapters_dir, self.base_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
-        # set by the adapter: records a finished job's measured memory and tokens/s as an estimator calibration
-        self.calibrate: Callable[[dict[str, Any]], str] | None = None
-        # set by the adapter: the inference model manager when one was built (models loaded in this server)
-        self.inference: Callable[[], Any] | None = None
+        # records a finished job's (and its probe's) measured memory and tokens/s as an estimator calibration
+        self.calibrate = calibrate
+        # models this server holds loaded for inference (empty when the inference family was never built)
+        self.loaded = loaded or dict
+        self._settled: dict[str, threading.Event] = {}  # jobs whose worker this process watches
+        self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
+        for row in self.store.all():  # a restart re-queues what was waiting (their waiter threads died with it)
+            if row["state"] == "queued":
+                self._enqueue(row["id"])
+        threading.Thread(target=self._settle_finished, name="finetune-settle", daemon=True).start()
 
     # --- plan -----------------------------------------------------------------------------------
     def registry(self) -> dict[str, Any]:
@@ -71,7 +87,7 @@ class Finetuner:
             warnings += plan_warnings.busy_gpu(status.gpus) + plan_warnings.throttled(status.gpus)
         elif req.method == "qlora":
             warnings.append("QLoRA on CPU runs (bitsandbytes 4-bit) but is slower than LoRA; it pays off on a GPU")
-        warnings += plan_warnings.loaded_models(self.inference() if self.inference else None, device)
+        warnings += plan_warnings.loaded_models(self.loaded(), device)
         if summary.truncated_rows:
             warnings.append(
                 f"{summary.truncated_rows} of {summary.rows} rows are longer than max_length {req.max_length} tokens "
@@ -105,6 +121,9 @@ class Finetuner:
             },
             warnings=warnings,
         )
+        adm = self.ledger.check(admission.needs_of(plan))
+        if not adm.fits:
+            plan.warnings.append(f"finetune_launch would be refused now: {adm.reason}; or launch with queue=true")
         (self.plans_dir / f"{plan.plan_id}.json").write_text(plan.model_dump_json(indent=2), encoding="utf-8")
         return plan
 
@@ -120,17 +139,54 @@ class Finetuner:
             ) from None
 
     # --- launch ---------------------------------------------------------------------------------
-    def launch(self, plan_id: str, inject_oom: int = 0) -> JobStatus:
+    def launch(self, plan_id: str, inject_oom: int = 0, queue: bool = False) -> JobStatus:
+        """Start the planned job now (its memory reserved in the box ledger), or with `queue` put it in line for
+        memory and for the one training slot; either way the job's files are written before this returns."""
         plan = self.load_plan(plan_id)
         running = self.store.active()
-        if running:
+        if running and not queue:
             r = running[0]
             raise BusyError(
                 f"job {r['id']} ({r['adapter_name']}) is {r['state']}; one training job runs at a time. Wait for it "
-                f"(finetune_status job_id='{r['id']}' wait_seconds=60) or stop it with finetune_cancel"
+                f"(finetune_status job_id='{r['id']}' wait_seconds=60), stop it with finetune_cancel, or launch "
+                "with queue=true to start when it ends"
             )
-        req = plan.request
         job_id = uuid.uuid4().hex[:10]
+        needs = admission.needs_of(plan)
+        admission.check_could_fit(self.ledger, admission.owner(job_id), needs)
+        waits = bool(running) or (queue and not self.ledger.check(needs).fits)
+        if not waits:  # reserved before anything is written: a refusal leaves nothing behind
+            self.ledger.reserve(admission.owner(job_id), "finetune", needs, admission.frees(job_id))
+        try:
+            self._prepare(plan, plan_id, job_id, inject_oom, "queued" if waits else "starting")
+            if waits:
+                self._enqueue(job_id)
+            else:
+                self._spawn(job_id)
+        except BaseException:
+            self.ledger.release(admission.owner(job_id))
+            raise
+        return self.status(job_id)
+
+    def _enqueue(self, job_id: str) -> None:
+        cfg = json.loads((self.store.job_dir(job_id) / "config.json").read_text(encoding="utf-8"))
+        plan = self.load_plan(cfg["plan_id"])
+        ready = lambda: not self.ledger.holders("finetune") and not self.store.active()  # noqa: E731
+        self.queue.enqueue(job_id, admission.needs_of(plan), ready)
+
+    def _start_queued(self, job_id: str) -> None:
+        row = self.store.get(job_id)
+        if row is None or row["state"] != "queued":  # cancelled meanwhile
+            self.ledger.release(admission.owner(job_id))
+            return
+        self.store.update(job_id, state="starting")
+        self._spawn(job_id)
+
+    def _fail_queued(self, job_id: str, why: str) -> None:
+        self.store.finish(job_id, "failed", error=why)
+
+    def _prepare(self, plan: FinetunePlan, plan_id: str, job_id: str, inject_oom: int, state: str) -> None:
+        req = plan.request
         name = req.output_name or f"ft-{job_id}"
         adapter_dir = self.adapters_dir / name
         if adapter_dir.exists():
@@ -167,9 +223,7 @@ class Finetuner:
             "resume": False,
         }
         (job_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        self.store.create(job_id, name, plan.base.name, req.method)
-        self._spawn(job_id)
-        return self.status(job_id)
+        self.store.create(job_id, name, plan.base.name, req.method, state)
 
     def _spawn(self, job_id: str) -> None:
         job_dir = self.store.job_dir(job_id)
@@ -189,9 +243,74 @@ class Finetuner:
                 start_new_session=True,  # its own process group: survives the server, cancel signals the group
             )
         self.store.set_process(job_id, proc.pid)
-        # reap the child when it exits (no zombie); the thread also keeps the Popen referenced, so a server that
-        # stops while the job trains on does not warn about a child still running
-        threading.Thread(target=proc.wait, name=f"finetune-reaper-{job_id}", daemon=True).start()
+        self.ledger.update(admission.owner(job_id), pid=proc.pid)  # the worker holds the memory from now on
+        # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
+        # that stops while the job trains on does not warn about a child still running
+        self._watch(job_id, lambda timeout: _exited(proc, timeout))
+
+    def _watch(self, job_id: str, exited: Callable[[float], bool]) -> None:
+        """Until the worker exits: resize its reservation to the probe's measurement once taken; then release its
+        memory and record what it measured as calibrations (writes happen here, where the state changes, so
+        finetune_status stays a pure read)."""
+        settled = self._settled[job_id] = threading.Event()
+
+        def run() -> None:
+            resized = False
+            try:
+                while not exited(2.0):
+                    resized = resized or self._resize_from_probe(job_id)
+                self.ledger.release(admission.owner(job_id))
+                self._settle(job_id)
+            except Exception:  # a damaged job folder must not kill the watcher silently
+                log.exception("watching fine-tune job %s", job_id)
+            finally:
+                self.ledger.release(admission.owner(job_id))
+                settled.set()
+
+        threading.Thread(target=run, name=f"finetune-watch-{job_id}", daemon=True).start()
+
+    def _resize_from_probe(self, job_id: str) -> bool:
+        probe = next((m["probe"] for m in read_metrics(self.store.job_dir(job_id)) if "probe" in m), None)
+        if not probe or not probe.get("peak_memory_gb"):
+            return False
+        h = self.ledger.holding(admission.owner(job_id))
+        if h is not None:
+            measured = {d: float(probe["peak_memory_gb"]) for d in h.devices}
+            if list(measured) == ["host"]:  # CPU ranks share the host: the probe measured one rank
+                measured["host"] *= self.status(job_id, settled=False).num_processes
+            self.ledger.update(h.owner, needs=measured, source="probe measurement")
+        return True
+
+    def _settle(self, job_id: str) -> None:
+        """Offer a finished job's probe and run measurements to the estimator, once each."""
+        if self.calibrate is None:
+            return
+        row = self.store.reconcile(job_id)
+        if row is None or row["state"] in (*ACTIVE, "queued"):
+            return
+        job_dir = self.store.job_dir(job_id)
+        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
+        st = self.status(job_id, settled=False)
+        if st.probe is not None and self.store.claim(job_id, "probe_calibrated"):
+            _append_event(job_dir, "probe " + self.calibrate({**cfg, **st.probe.model_dump()}))
+        if row["state"] == "completed" and self.store.claim(job_id, "calibrated"):
+            result = json.loads(row["result"]) if row["result"] else {}
+            # the estimator's calibrations are per device: the Trainer's token count sums all ranks
+            per_device = st.tokens_per_s / st.num_processes if st.tokens_per_s else None
+            info = {**cfg, **result, "tokens_per_s": per_device, "peak_memory_gb": st.peak_memory_gb}
+            _append_event(job_dir, self.calibrate(info))
+
+    def _settle_finished(self) -> None:
+        """At start: settle jobs that finished while no server watched them; watch workers that outlived one."""
+        for row in self.store.all():
+            try:
+                if row["state"] in ACTIVE and alive(row["pid"], row["pid_started"]):
+                    pid, started = row["pid"], row["pid_started"]
+                    self._watch(row["id"], lambda t, p=pid, s0=started: _gone(p, s0, t))
+                elif not row["calibrated"] or not row["probe_calibrated"]:
+                    self._settle(row["id"])
+            except Exception:
+                log.exception("settling fine-tune job %s", row["id"])
 
     # --- status ---------------------------------------------------------------------------------
     def row(self, job_id: str) -> dict[str, Any]:
@@ -200,8 +319,13 @@ class Finetuner:
             raise NotFoundError(f"no fine-tuning job '{job_id}'; finetune_list shows the jobs")
         return row
 
-    def status(self, job_id: str, include_log: bool = False) -> JobStatus:
+    def status(self, job_id: str, include_log: bool = False, *, settled: bool = True) -> JobStatus:
+        """The job as its files show it; reads only. A job this process watched and that just ended is reported
+        once its measurements are recorded (`settled`), so the events list them."""
         row = self.row(job_id)
+        watched = self._settled.get(job_id)
+        if settled and watched is not None and row["state"] not in (*ACTIVE, "queued"):
+            watched.wait(30)
         job_dir = self.store.job_dir(job_id)
         cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
         metrics = read_metrics(job_dir)
@@ -223,8 +347,6 @@ class Finetuner:
         for m in metrics:
             if "probe" in m:
                 st.probe = ProbeResult.model_validate(m["probe"])
-                if not row["probe_calibrated"]:
-                    self._calibrate_probe(job_id, job_dir, cfg, m["probe"], st)
                 continue
             if "event" in m:
                 st.events.append(m["event"])
@@ -255,31 +377,16 @@ class Finetuner:
             st.eta_s = 0.0
             if result.get("peak_memory_gb"):
                 st.peak_memory_gb = result["peak_memory_gb"]
-            if not row["calibrated"] and self.calibrate is not None and self.store.claim(job_id, "calibrated"):
-                # the estimator's calibrations are per device: the Trainer's token count sums all ranks
-                per_device = st.tokens_per_s / st.num_processes if st.tokens_per_s else None
-                note = self.calibrate(
-                    {**cfg, **result, "tokens_per_s": per_device, "peak_memory_gb": st.peak_memory_gb}
-                )
-                _append_event(job_dir, note)
-                st.events.append(note)
+        if row["state"] == "queued":
+            st.queue_position = self.queue.position(job_id)
         if include_log or row["state"] == "failed":
             st.log_tail = log_tail(job_dir)
         st.next_step = _next_step(st)
         return st
 
-    def _calibrate_probe(
-        self, job_id: str, job_dir: Path, cfg: dict[str, Any], probe: dict[str, Any], st: JobStatus
-    ) -> None:
-        """Offer the probe's measurement to the estimator once (the first status call that sees it)."""
-        if self.calibrate is None or not self.store.claim(job_id, "probe_calibrated"):
-            return
-        note = "probe " + self.calibrate({**cfg, **probe})
-        _append_event(job_dir, note)
-        st.events.append(note)
-
-    def list(self) -> JobList:
-        return JobList(jobs=[self.status(jid) for jid in self.store.ids()])
+    def list(self, limit: int | None = None) -> JobList:
+        ids = self.store.ids()
+        return JobList(jobs=[self.status(jid, settled=False) for jid in ids[:limit]])
 
     def curve(self, job_id: str) -> list[tuple[int, float]]:
         self.row(job_id)
@@ -289,6 +396,10 @@ class Finetuner:
     def cancel(self, job_id: str, wait_s: float = 60.0) -> JobStatus:
         """SIGTERM the job's process group; the worker checkpoints at the end of the current step and exits."""
         row = self.row(job_id)
+        if row["state"] == "queued":
+            self.queue.cancel(job_id)
+            self.store.finish(job_id, "cancelled", error="cancelled while waiting for memory")
+            return self.status(job_id)
         if row["state"] not in ACTIVE:
             raise InvalidInputError(f"job {job_id} is {row['state']}, not running; nothing to cancel")
         # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed
@@ -310,13 +421,35 @@ class Finetuner:
         job_dir = self.store.job_dir(job_id)
         cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
         cfg.update(resume=True, inject_oom=0)
-        (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-        self.store.update(job_id, state="starting", error=None, finished=None)
-        self._spawn(job_id)
+        needs = admission.needs_of(self.load_plan(cfg["plan_id"]))
+        self.ledger.reserve(admission.owner(job_id), "finetune", needs, admission.frees(job_id))
+        try:
+            (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+            self.store.update(job_id, state="starting", error=None, finished=None)
+            self._spawn(job_id)
+        except BaseException:
+            self.ledger.release(admission.owner(job_id))
+            raise
         return self.status(job_id)
 
     def close(self) -> None:
         """Nothing to stop: workers are detached on purpose and keep training when the server stops."""
+
+
+def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _gone(pid: int, started: float | None, timeout: float) -> bool:
+    """For a worker this process did not start (it outlived a restart): poll its liveness."""
+    if not alive(pid, started):
+        return True
+    time.sleep(timeout)  # no handle to wait on a process that is not our child
+    return not alive(pid, started)
 
 
 def _installed(module: str) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
+from gpubox import services
 from gpubox.registry import READ_ONLY, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.gpu.idle import IdleGuard
@@ -16,40 +17,42 @@ from gpubox.tools.gpu.session import SessionMeter
 
 def session_meter(state: AppState) -> SessionMeter:
     """This server's session meter (built with the server, so uptime counts from start)."""
-    return state.service("session", SessionMeter)
+    return services.session_meter(state)
 
 
 def _indexing(state: AppState) -> bool:
-    svc = state.peek("search")
-    jobs = dict(getattr(svc, "_jobs", {}) or {})
-    return any(not p.done.is_set() for p in jobs.values())
+    svc = services.search_if_built(state)
+    return bool(svc is not None and svc.indexing())
 
 
 def _finetuning(state: AppState) -> bool:
-    # Lazy: the job store is read only when a job database exists (a job may outlive a server restart).
-    from gpubox.tools.bench.service import active_finetune_jobs
-
-    return bool(active_finetune_jobs(state.settings))
+    # a job may outlive a server restart: the ledger restores its holding while its worker runs
+    return bool(services.ledger(state).holders("finetune"))
 
 
 def _inferring(state: AppState) -> bool:
-    from gpubox.tools.bench.service import busy_inference
+    mgr = services.models_if_built(state)
+    return bool(mgr is not None and mgr.busy_models())
 
-    return bool(busy_inference(state))
+
+def _benchmarking(state: AppState) -> bool:
+    svc = services.bench_if_built(state)
+    return svc is not None and svc.active is not None
 
 
 def wire_probes(state: AppState, meter: SessionMeter) -> None:
-    """Minutes per kind of work come from each family's own state, read by the meter's ticker."""
+    """Minutes per kind of work come from each family's own public probes, read by the meter's ticker."""
     meter.add_probe("inference", lambda: _inferring(state))
     meter.add_probe("indexing", lambda: _indexing(state))
     meter.add_probe("finetune", lambda: _finetuning(state))
-    meter.add_probe("benchmark", lambda: getattr(state.peek("bench"), "active", None) is not None)
+    meter.add_probe("benchmark", lambda: _benchmarking(state))
 
 
 def status_with_session(state: AppState | None) -> GpuStatus:
     status = read_gpu_status()
     if state is not None:
         status.session = session_meter(state).report()
+        status.memory = services.ledger(state).state()
     return status
 
 
@@ -75,6 +78,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU status")
     def gpu_status() -> GpuStatus:
         """Live telemetry of every NVIDIA GPU (memory, utilisation, temperature, power, clocks, throttling,
-        ECC, processes) plus host CPU/RAM, and this session's cost and GPU use (price, cost so far, budget
-        left, busy share, what used the GPU). With no GPU or NVML, returns available=false and the reason."""
+        ECC, processes) plus host CPU/RAM, memory reserved per device by gpubox's work (box ledger), and this
+        session's cost and GPU use (price, cost so far, budget left, busy share, what used the GPU). With no GPU
+        or NVML, returns available=false and the reason."""
         return status_with_session(state)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from gpubox.tools.box.schemas import BoxState
+
 
 class GpuProcess(BaseModel):
     pid: int
@@ -82,4 +84,7 @@ class GpuStatus(BaseModel):
     host: HostInfo
     session: SessionInfo | None = Field(
         default=None, description="This server session's cost and GPU use (rented boxes)"
+    )
+    memory: BoxState | None = Field(
+        default=None, description="The box ledger: per device budget, reserved, external and free GB, and who holds it"
     )

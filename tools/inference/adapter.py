@@ -10,6 +10,7 @@ from pydantic import Field
 
 from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.services import models
 from gpubox.state import AppState
 from gpubox.tools.inference import service
 from gpubox.tools.inference.backends import GenParams
@@ -37,7 +38,7 @@ Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the out
 
 
 def manager(state: AppState) -> ModelManager:
-    return state.service("inference", ModelManager)
+    return models(state)
 
 
 def register(mcp: MCPServer[Any]) -> None:
@@ -63,15 +64,18 @@ def register(mcp: MCPServer[Any]) -> None:
             Literal["4bit", "8bit"] | None, Field(description="transformers: load HF weights with bitsandbytes")
         ] = None,
         adapter: Annotated[str | None, Field(description="LoRA adapter to apply to this base model")] = None,
-        keep_alive_s: Annotated[float | None, Field(ge=0, le=604_800, description="Idle unload; 0 = pin")] = None,
+        keep_alive_s: Annotated[
+            float | None, Field(ge=0, le=604_800, description="Idle seconds before unload; 0 = never idle-unload")
+        ] = None,
+        pin: Annotated[bool, Field(description="Never evict or idle-unload it; only infer_unload frees it")] = False,
     ) -> LoadResult:
         """Load a model with GPU offload, context and KV type chosen by the estimator's fit plan for the free VRAM
-        (returned as `plan`). Evicts the least recently used model when the resident limit or memory budget is
-        reached; refuses with the numbers when it cannot fit even partly."""
+        (returned as `plan`), reserving its memory in the box ledger (box_plan). Evicts idle unpinned models, least
+        recently used first, when that makes room; otherwise refuses naming who holds the memory."""
         mgr = manager(app_state(ctx))
         return await anyio.to_thread.run_sync(
             lambda: mgr.load(
-                name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s
+                name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s, pin
             )
         )
 

@@ -22,6 +22,8 @@ from typing import Literal
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.paths import open_inside
 from gpubox.settings import Settings
+from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.box.schemas import Admission
 from gpubox.tools.inference.backends import LlamaBackend, TransformersBackend
 from gpubox.tools.inference.planning import plan
 from gpubox.tools.inference.registry import (
@@ -33,6 +35,7 @@ from gpubox.tools.inference.registry import (
     is_hf_folder,
     size_of,
 )
+from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
@@ -51,6 +54,7 @@ class Resident:
     plan: LoadPlan
     keep_alive: float
     adapter: str | None = None
+    pinned: bool = False
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     busy: int = 0
@@ -67,12 +71,14 @@ class Resident:
             last_used=iso(self.last_used),
             keep_alive_s=self.keep_alive,
             adapter=self.adapter,
+            pinned=self.pinned,
         )
 
 
 class ModelManager:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
         self.settings = settings
+        self.ledger = ledger if ledger is not None else Ledger(settings)
         self.finetune = settings.state_dir / "finetune"
         self.dirs = [*settings.model_dirs, settings.state_dir / "models", self.finetune / "adapters"]
         self.meta = MetaCache()
@@ -184,10 +190,11 @@ class ModelManager:
         quantization: Literal["4bit", "8bit"] | None = None,
         adapter: str | None = None,
         keep_alive_s: float | None = None,
+        pin: bool = False,
     ) -> LoadResult:
-        """Load (or reload, with the new settings) `name`."""
+        """Load (or reload, with the new settings) `name`; `pin` keeps it loaded until infer_unload."""
         res = self._load(
-            name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s
+            name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s, pin=pin
         )
         assert res is not None  # only if_absent loads return None
         return res
@@ -204,8 +211,43 @@ class ModelManager:
         keep_alive_s: float | None = None,
         *,
         if_absent: bool = False,
+        pin: bool = False,
     ) -> LoadResult | None:
         t0 = time.perf_counter()
+        d, adapter_d, chosen = self._resolve(name, backend, adapter)
+        key = adapter_d.name if adapter_d else d.name
+        with self._changed:
+            while key in self._loading:  # one load per key; other keys load in parallel
+                self._changed.wait()
+            if if_absent and key in self.resident:
+                return None
+            self._loading[key] = 0.0
+        try:
+            self.unload(key, missing_ok=True)
+            self._check_files(d, adapter_d)
+            p = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
+            evicted = self._make_room(key, p.estimated_memory_gb)
+            evicted += self._reserve(key, p, pin)
+            try:
+                be = self._open(d, adapter_d, chosen, p, kv_cache_type, quantization)
+            except BaseException:
+                self.ledger.release(owner_of(key))
+                raise
+            keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
+            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin)
+            with self._lock:
+                self.resident[key] = r
+        finally:
+            with self._changed:
+                self._loading.pop(key, None)
+                self._changed.notify_all()
+        entry = self.entry(adapter_d or d)
+        return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+
+    def _resolve(
+        self, name: str, backend: Literal["auto", "llama.cpp", "transformers"], adapter: str | None
+    ) -> tuple[Discovered, Discovered | None, Literal["llama.cpp", "transformers"]]:
+        """(base model, adapter or None, backend) for a load request."""
         d = self.find(name)
         adapter_d: Discovered | None = None
         if d.format == "lora":
@@ -219,29 +261,20 @@ class ModelManager:
             chosen = "transformers"  # peft adapters apply through transformers; GGUF LoRA through llama.cpp
         if chosen == "llama.cpp" and d.format != "gguf":
             raise InvalidInputError(f"{d.name} is an HF folder; llama.cpp needs a GGUF file (use backend=transformers)")
+        return d, adapter_d, chosen
+
+    def plan_load(self, name: str, context_length: int | None = None) -> tuple[LoadPlan, Admission, list[str]]:
+        """What infer_load would do now, loading nothing: its plan, the ledger's answer and the idle models it
+        would evict to make room (empty when it fits as is or cannot fit at all)."""
+        d, adapter_d, chosen = self._resolve(name, "auto", None)
+        p = plan(self.settings, self.meta, d, chosen, context_length, None, "f16")
+        adm = self.ledger.check(ledger_needs(p))
+        if adm.fits:
+            return p, adm, []
         key = adapter_d.name if adapter_d else d.name
-        with self._changed:
-            while key in self._loading:  # one load per key; other keys load in parallel
-                self._changed.wait()
-            if if_absent and key in self.resident:
-                return None
-            self._loading[key] = 0.0
-        try:
-            self.unload(key, missing_ok=True)
-            self._check_files(d, adapter_d)
-            p = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
-            evicted = self._make_room(key, p.estimated_memory_gb)
-            be = self._open(d, adapter_d, chosen, p, kv_cache_type, quantization)
-            keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
-            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None)
-            with self._lock:
-                self.resident[key] = r
-        finally:
-            with self._changed:
-                self._loading.pop(key, None)
-                self._changed.notify_all()
-        entry = self.entry(adapter_d or d)
-        return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+        with self._lock:
+            victims = shortfall_victims(adm, [r for r in self._evictable() if r.name != key])
+        return p, adm, [r.name for r in victims or []]
 
     def _check_files(self, d: Discovered, adapter_d: Discovered | None) -> None:
         """Re-resolve right before opening: refuse what left the roots; name the file and problem if broken."""
@@ -300,13 +333,41 @@ class ModelManager:
                 return count >= self.settings.infer_max_resident or (budget is not None and used + need_gb > budget)
 
             while over():
-                idle = sorted((r for r in self.resident.values() if r.busy == 0), key=lambda r: r.last_used)
+                idle = self._evictable()
                 if not idle:
-                    raise CapacityError("every resident model is generating or loading; retry when one finishes")
+                    raise CapacityError(
+                        "every resident model is pinned, generating or loading; retry when one finishes, or "
+                        "infer_unload a pinned one"
+                    )
                 victims.append(self.resident.pop(idle[0].name))
             self._loading[key] = need_gb
         for r in victims:  # popped while idle, so no request can reach them: close outside the lock
             self._close(r)
+        return [r.name for r in victims]
+
+    def _evictable(self) -> list[Resident]:
+        """Idle, unpinned residents, least recently used first (caller holds the lock)."""
+        return sorted((r for r in self.resident.values() if r.busy == 0 and not r.pinned), key=lambda r: r.last_used)
+
+    def _reserve(self, key: str, p: LoadPlan, pin: bool) -> list[str]:
+        """Reserve the plan's memory in the box ledger, evicting idle unpinned models only when that frees
+        enough; otherwise the ledger's refusal (naming the holders) reaches the caller and nothing is evicted."""
+        needs = ledger_needs(p)
+        owner, frees = owner_of(key), f"infer_unload name='{key}'"
+        try:
+            self.ledger.reserve(owner, "inference", needs, frees, pinned=pin)
+            return []
+        except CapacityError:
+            admission = self.ledger.check(needs)
+            with self._lock:
+                victims = shortfall_victims(admission, self._evictable())
+                if victims is None:
+                    raise
+                for r in victims:
+                    self.resident.pop(r.name, None)
+        for r in victims:
+            self._close(r)
+        self.ledger.reserve(owner, "inference", needs, frees, pinned=pin)
         return [r.name for r in victims]
 
     def unload(self, name: str, *, missing_ok: bool = False) -> UnloadResult:
@@ -327,6 +388,8 @@ class ModelManager:
             r.backend.close()
         except Exception:  # the model is gone from the registry either way
             log.exception("closing %s", r.name)
+        finally:
+            self.ledger.release(owner_of(r.name))
 
     def acquire(self, name: str | None) -> Resident:
         """The model to run: the named one (loading it if needed), else the most recently used, else the default."""
@@ -352,6 +415,16 @@ class ModelManager:
             r.last_used = time.time()
             self._changed.notify_all()
 
+    # --- probes for other families (taken under the lock) ----------------------------------------
+    def loaded(self) -> dict[str, LoadedInfo]:
+        with self._lock:
+            return {name: r.info() for name, r in self.resident.items()}
+
+    def busy_models(self) -> list[str]:
+        """Models generating right now."""
+        with self._lock:
+            return [name for name, r in self.resident.items() if r.busy > 0]
+
     # --- keep-alive -----------------------------------------------------------------------------
     def reap(self, now: float | None = None) -> list[str]:
         now = now or time.time()
@@ -359,7 +432,7 @@ class ModelManager:
             idle = [
                 r
                 for r in self.resident.values()
-                if r.keep_alive > 0 and r.busy == 0 and now - r.last_used >= r.keep_alive
+                if r.keep_alive > 0 and r.busy == 0 and not r.pinned and now - r.last_used >= r.keep_alive
             ]
             for r in idle:
                 del self.resident[r.name]

@@ -15,8 +15,9 @@ class LoadedInfo(BaseModel):
     memory_gb: float = Field(description="Estimated resident memory of the weights + KV cache")
     loaded_at: str
     last_used: str
-    keep_alive_s: float = Field(description="Idle seconds before automatic unload; 0 = pinned")
+    keep_alive_s: float = Field(description="Idle seconds before automatic unload; 0 = never idle-unloaded")
     adapter: str | None = None
+    pinned: bool = Field(False, description="Never evicted or idle-unloaded; only infer_unload frees it")
 
 
 class ModelEntry(BaseModel):

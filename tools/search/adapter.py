@@ -9,6 +9,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
+from gpubox import services
 from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.search.schemas import DropResult, IndexList, IndexResult, SearchResults
@@ -19,7 +20,7 @@ Globs = Annotated[list[str] | None, Field(description="Glob patterns on paths re
 
 
 def search_service(state: AppState) -> SearchService:
-    return state.service("search", SearchService)
+    return services.search(state)
 
 
 def register(mcp: MCPServer[Any]) -> None:

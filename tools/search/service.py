@@ -14,6 +14,7 @@ from typing import Any
 
 from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.settings import Settings
+from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import chunk_text
@@ -63,9 +64,16 @@ def progress_model(p: Progress) -> IndexProgress:
     )
 
 
+# An indexing run holds the embedding model (MiniLM: 90 MB of weights) with its batch activations and the torch
+# runtime: about 0.5 GB of host RAM, and on a GPU the weights, activations and a CUDA context there too.
+INDEXING_HOST_GB = 0.5
+INDEXING_GPU_GB = 0.6
+
+
 class SearchService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
         self.settings = settings
+        self.ledger = ledger if ledger is not None else Ledger(settings)
         self.base = settings.state_dir / "search"
         self.base.mkdir(parents=True, exist_ok=True)
         self.embedder = Embedder(
@@ -126,10 +134,21 @@ class SearchService:
             )
         with self._lock:
             ensure_not_running(self._jobs.get(name), name)
+        owner = f"indexing {name}"
+        self.ledger.reserve(
+            owner, "indexing", self._indexing_needs(), f"waiting for indexing '{name}' to finish (search_list)"
+        )
+        with self._lock:
             progress = Progress()
             self._jobs[name] = progress
         options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
-        store = self.store(name, create=True)
+        try:
+            store = self.store(name, create=True)
+        except BaseException:
+            self.ledger.release(owner)
+            with self._lock:
+                self._jobs.pop(name, None)
+            raise
 
         def work() -> None:
             try:
@@ -143,6 +162,7 @@ class SearchService:
                 progress.error = str(exc) or type(exc).__name__
             finally:
                 progress.finished = time.time()
+                self.ledger.release(owner)
                 try:
                     store.close_thread()  # this worker's connection; queries may still use theirs
                 finally:
@@ -150,6 +170,15 @@ class SearchService:
 
         threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
         return name, root, progress
+
+    def _indexing_needs(self) -> dict[str, float]:
+        gpu = any(d.device.startswith("cuda") for d in self.ledger.state().devices)
+        return {"host": INDEXING_HOST_GB, **({"cuda:0": INDEXING_GPU_GB} if gpu else {})}
+
+    def indexing(self) -> list[str]:
+        """Names of the indexes being built right now."""
+        with self._lock:
+            return [name for name, p in self._jobs.items() if not p.done.is_set()]
 
     def result(self, name: str, root: Path, progress: Progress) -> IndexResult:
         if progress.error:

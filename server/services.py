@@ -1,0 +1,110 @@
+"""Typed access to each family's service: the one way families reach each other.
+
+Each accessor builds its service once per AppState (thread-safe) and wires what it needs from the others here,
+so no family looks another up by a string key or reads its private state. Imports are lazy: asking for the
+ledger never imports torch or llama.cpp.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpubox.state import AppState
+
+if TYPE_CHECKING:
+    from gpubox.tools.bench.service import BenchService
+    from gpubox.tools.box.ledger import Ledger
+    from gpubox.tools.estimate.service import Estimator
+    from gpubox.tools.finetune.merge import Merger
+    from gpubox.tools.finetune.service import Finetuner
+    from gpubox.tools.gpu.session import SessionMeter
+    from gpubox.tools.inference.manager import ModelManager
+    from gpubox.tools.search.service import SearchService
+
+LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION = (
+    "ledger",
+    "estimate",
+    "search",
+    "inference",
+    "finetune",
+    "finetune_merge",
+    "bench",
+    "session",
+)
+
+
+def ledger(state: AppState) -> Ledger:
+    from gpubox.tools.box.ledger import Ledger
+
+    return state.service(LEDGER, Ledger)
+
+
+def estimator(state: AppState) -> Estimator:
+    from gpubox.tools.estimate.service import Estimator
+
+    return state.service(ESTIMATE, Estimator)
+
+
+def search(state: AppState) -> SearchService:
+    from gpubox.tools.search.service import SearchService
+
+    return state.service(SEARCH, lambda s: SearchService(s, ledger(state)))
+
+
+def models(state: AppState) -> ModelManager:
+    from gpubox.tools.inference.manager import ModelManager
+
+    return state.service(INFERENCE, lambda s: ModelManager(s, ledger(state)))
+
+
+def models_if_built(state: AppState) -> ModelManager | None:
+    """The model manager when this server built one; never loads the inference stack to answer."""
+    return state.peek(INFERENCE)
+
+
+def search_if_built(state: AppState) -> SearchService | None:
+    return state.peek(SEARCH)
+
+
+def finetuner(state: AppState) -> Finetuner:
+    from gpubox.tools.finetune.calibrate import record_calibration
+    from gpubox.tools.finetune.service import Finetuner
+
+    def loaded() -> dict[str, object]:
+        mgr = models_if_built(state)
+        return dict(mgr.loaded()) if mgr is not None else {}
+
+    return state.service(
+        FINETUNE,
+        lambda s: Finetuner(
+            s, ledger(state), calibrate=lambda info: record_calibration(estimator(state), info), loaded=loaded
+        ),
+    )
+
+
+def merger(state: AppState) -> Merger:
+    from gpubox.tools.finetune.merge import Merger
+
+    return state.service(MERGE, Merger)
+
+
+def bench(state: AppState) -> BenchService:
+    from gpubox.tools.bench.service import BenchService
+
+    def busy_models() -> list[str]:
+        mgr = models_if_built(state)
+        return mgr.busy_models() if mgr is not None else []
+
+    return state.service(
+        BENCH, lambda s: BenchService(s, ledger(state), estimator=lambda: estimator(state), busy_models=busy_models)
+    )
+
+
+def bench_if_built(state: AppState) -> BenchService | None:
+    return state.peek(BENCH)
+
+
+def session_meter(state: AppState) -> SessionMeter:
+    from gpubox.tools.gpu.session import SessionMeter
+
+    return state.service(SESSION, SessionMeter)

@@ -1,0 +1,100 @@
+"""What each device really shows: total and used memory, and how much of it gpubox's own processes hold.
+
+Devices are named 'host' (RAM) and 'cuda:N' in CUDA's visible order (the order a worker's `cuda:N` means), matched
+to NVML by UUID because NVML's index order can differ from CUDA_VISIBLE_DEVICES'.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+GB = 1e9
+
+
+@dataclass
+class Reading:
+    total_gb: float | None
+    used_gb: float
+    by_pid_gb: dict[int, float] = field(default_factory=dict)  # memory per process, where the device tells
+
+
+def process_tree(pids: Iterable[int]) -> set[int]:
+    """`pids` and their descendants that are still alive (a worker's ranks and compile helpers included)."""
+    import psutil
+
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out.add(pid)
+            out.update(c.pid for c in p.children(recursive=True))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def host_reading(pids: Iterable[int]) -> Reading:
+    """RAM: used = total - available (page cache is not 'used'); RSS of each of gpubox's processes."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    by_pid: dict[int, float] = {}
+    for pid in process_tree(pids):
+        try:
+            by_pid[pid] = psutil.Process(pid).memory_info().rss / GB
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return Reading(total_gb=vm.total / GB, used_gb=(vm.total - vm.available) / GB, by_pid_gb=by_pid)
+
+
+def gpu_readings() -> dict[str, Reading]:
+    """Each CUDA-visible GPU as NVML shows it; empty without NVML or GPUs."""
+    from gpubox.tools.gpu.devices import local_gpus
+    from gpubox.tools.gpu.nvml import gpu_status
+
+    status = gpu_status()
+    if not status.gpus:
+        return {}
+    visible = local_gpus()
+    order = [g.uuid for g in visible] if visible else [g.uuid for g in status.gpus]
+    out: dict[str, Reading] = {}
+    for dev in status.gpus:
+        if dev.uuid not in order:
+            continue
+        by_pid = {p.pid: (p.used_memory_mib or 0.0) * 2**20 / GB for p in dev.processes}
+        out[f"cuda:{order.index(dev.uuid)}"] = Reading(
+            total_gb=dev.memory_total_mib * 2**20 / GB, used_gb=dev.memory_used_mib * 2**20 / GB, by_pid_gb=by_pid
+        )
+    return out
+
+
+def read_devices(owned_pids: Iterable[int]) -> dict[str, Reading]:
+    """Every device's reading; the host always, GPUs when NVML sees them."""
+    pids = {os.getpid(), *owned_pids}
+    return {"host": host_reading(pids), **gpu_readings()}
+
+
+def pid_alive(pid: int | None, started: float | None) -> bool:
+    """True while `pid` runs and is the same process (its start time matches, so a reused pid is not it)."""
+    import psutil
+
+    if pid is None:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(p.create_time() - started) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None

@@ -1,0 +1,394 @@
+"""The box's memory ledger: every family reserves its estimated memory per device before work starts.
+
+Rules (one ledger per server process; its state file makes it survive a restart):
+- `reserve` is atomic across devices: work that does not fit on every device it needs is refused with a
+  CapacityError naming the holders and the calls that would free enough; nothing is half-reserved.
+- What may be reserved on a device is the smaller of the budget left (budget minus reservations) and what the
+  device physically has left: total minus headroom, minus memory held by processes gpubox does not own, minus
+  gpubox's own use (the larger of its reservations and what its processes measure, so memory reserved but not
+  yet allocated and memory allocated beyond the estimate both count).
+- Each holding names a process; when that process ends (a fine-tune worker exits, the server restarts) the
+  holding is released, so a crash never leaks a reservation.
+- `wait_reserve` queues: first in line first (a later, smaller request never overtakes it), woken by every
+  release; direct `reserve` calls are answered at once and do not queue.
+The lock is held only for bookkeeping; device readings are taken outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.settings import Settings
+from gpubox.tools.box.capacity import Reading, pid_alive, read_devices, start_time
+from gpubox.tools.box.schemas import Admission, Blocker, BoxState, DeviceAccount, Holding, Kind
+
+log = logging.getLogger("gpubox.box")
+Reader = Callable[[Iterable[int]], dict[str, Reading]]
+
+
+class Ledger:
+    def __init__(self, settings: Settings, read: Reader = read_devices) -> None:
+        self.settings = settings
+        self.path = settings.state_dir / "box" / "ledger.json"
+        self.read = read
+        self._cond = threading.Condition()
+        self._queue: list[str] = []
+        self._holdings: dict[str, Holding] = {}
+        self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
+        self._load()
+
+    # --- persistence ----------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            held = [Holding.model_validate(h) for h in raw.get("holdings", [])]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:  # a damaged file must not stop the server: start empty, say why
+            log.warning("memory ledger %s unreadable (%s); starting empty", self.path, exc)
+            return
+        for h in held:
+            # the server's own in-process holdings died with the objects that held them (a model is not loaded
+            # after a restart); what a live worker process holds is still held
+            if h.pid != os.getpid() and pid_alive(h.pid, h.pid_started):
+                self._holdings[h.owner] = h
+                self.restored.append(h.owner)
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        data = {"holdings": [h.model_dump(mode="json") for h in self._holdings.values()]}
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def _prune(self) -> list[str]:
+        """Release holdings whose process ended (caller holds the lock)."""
+        gone = [o for o, h in self._holdings.items() if not pid_alive(h.pid, h.pid_started)]
+        for owner in gone:
+            log.info("releasing %s: its process %s ended", owner, self._holdings[owner].pid)
+            del self._holdings[owner]
+        if gone:
+            self._save()
+            self._cond.notify_all()
+        return gone
+
+    # --- arithmetic -----------------------------------------------------------------------------
+    def budget(self, device: str, total_gb: float | None) -> float:
+        s = self.settings
+        explicit = s.memory_budgets.get(device, s.memory_budget_gb)
+        if explicit is not None:
+            return float(explicit)
+        return max(0.0, (total_gb or 0.0) - self.headroom(total_gb))
+
+    def headroom(self, total_gb: float | None) -> float:
+        if self.settings.memory_headroom_gb is not None:
+            return self.settings.memory_headroom_gb
+        return max(0.5, 0.05 * (total_gb or 0.0))
+
+    def _owned_pids(self) -> set[int]:
+        return {h.pid for h in self._holdings.values() if h.pid is not None}
+
+    def _accounts(self, readings: dict[str, Reading]) -> dict[str, DeviceAccount]:
+        owned = self._owned_pids() | {os.getpid()}
+        out: dict[str, DeviceAccount] = {}
+        for device, r in readings.items():
+            reserved = sum(h.devices.get(device, 0.0) for h in self._holdings.values())
+            mine = sum(gb for pid, gb in r.by_pid_gb.items() if pid in owned or _child_of(pid, owned))
+            external = max(0.0, r.used_gb - mine)
+            budget = self.budget(device, r.total_gb)
+            free = budget - reserved
+            if r.total_gb is not None:
+                free = min(free, r.total_gb - self.headroom(r.total_gb) - external - max(reserved, mine))
+            out[device] = DeviceAccount(
+                device=device,
+                total_gb=_r(r.total_gb) if r.total_gb is not None else None,
+                budget_gb=_r(budget),
+                reserved_gb=_r(reserved),
+                external_gb=_r(external),
+                free_gb=_r(max(0.0, free)),
+                measured_gb=_r(mine),
+            )
+        return out
+
+    def _admission(self, needs: dict[str, float], accounts: dict[str, DeviceAccount]) -> Admission:
+        blockers: list[Blocker] = []
+        for device, gb in needs.items():
+            acct = accounts.get(device)
+            if acct is None:
+                raise InvalidInputError(f"no device '{device}' on this box; devices: {', '.join(sorted(accounts))}")
+            if gb > acct.free_gb:
+                blockers.append(
+                    Blocker(
+                        device=device,
+                        need_gb=_r(gb),
+                        free_gb=acct.free_gb,
+                        frees=self._frees(device, gb - acct.free_gb),
+                    )
+                )
+        if not blockers:
+            where = ", ".join(f"{gb:.2f} GB on {d} ({accounts[d].free_gb:.2f} free)" for d, gb in needs.items())
+            return Admission(fits=True, needs=_rounded(needs), reason=f"fits: {where}")
+        return Admission(fits=False, needs=_rounded(needs), blockers=blockers, reason=self._why(blockers, accounts))
+
+    def _frees(self, device: str, short_gb: float) -> list[str]:
+        """Unpinned holders on `device`, largest first, until they would free `short_gb`."""
+        out: list[str] = []
+        freed = 0.0
+        movable = sorted(
+            (h for h in self._holdings.values() if not h.pinned and h.devices.get(device, 0) > 0),
+            key=lambda h: -h.devices[device],
+        )
+        for h in movable:
+            if freed >= short_gb:
+                break
+            out.append(f"{h.frees_with} frees {h.devices[device]:.2f} GB")
+            freed += h.devices[device]
+        return out if freed >= short_gb else []
+
+    def _why(self, blockers: list[Blocker], accounts: dict[str, DeviceAccount]) -> str:
+        parts = []
+        for b in blockers:
+            a = accounts[b.device]
+            held = [
+                f"{h.owner} {h.devices[b.device]:.2f} GB" + (" (pinned)" if h.pinned else "")
+                for h in self._holdings.values()
+                if h.devices.get(b.device, 0) > 0
+            ]
+            text = (
+                f"{b.device}: needs {b.need_gb:.2f} GB, {b.free_gb:.2f} GB free of a {a.budget_gb:.2f} GB budget "
+                f"(held by gpubox: {', '.join(held) or 'nothing'}; external {a.external_gb:.2f} GB)"
+            )
+            if b.frees:
+                text += "; " + "; ".join(b.frees)
+            else:
+                text += (
+                    "; no unpinned work frees enough: free memory outside gpubox, raise memory_budget_gb, or "
+                    "ask for less (smaller model, context or batch)"
+                )
+            parts.append(text)
+        return "does not fit. " + " | ".join(parts)
+
+    # --- public ---------------------------------------------------------------------------------
+    def check(self, needs: dict[str, float]) -> Admission:
+        """Would `needs` fit now? Reserves nothing."""
+        readings = self._read()
+        with self._cond:
+            self._prune()
+            return self._admission(needs, self._accounts(readings))
+
+    def reserve(
+        self,
+        owner: str,
+        kind: Kind,
+        needs: dict[str, float],
+        frees_with: str,
+        *,
+        pinned: bool = False,
+        pid: int | None = None,
+        source: str = "estimator",
+    ) -> Holding:
+        """Reserve `needs` for `owner` now, or raise CapacityError saying who holds the memory."""
+        readings = self._read()
+        with self._cond:
+            return self._try_reserve(owner, kind, needs, frees_with, pinned, pid, source, readings)
+
+    def _try_reserve(
+        self,
+        owner: str,
+        kind: Kind,
+        needs: dict[str, float],
+        frees_with: str,
+        pinned: bool,
+        pid: int | None,
+        source: str,
+        readings: dict[str, Reading],
+    ) -> Holding:
+        self._prune()
+        if owner in self._holdings:
+            raise InvalidInputError(f"{owner} already holds a reservation; release it first")
+        adm = self._admission(needs, self._accounts(readings))
+        if not adm.fits:
+            raise CapacityError(f"{owner} {adm.reason}")
+        pid = pid if pid is not None else os.getpid()
+        h = Holding(
+            owner=owner,
+            kind=kind,
+            devices=_rounded(needs),
+            started=datetime.now(UTC).isoformat(timespec="seconds"),
+            pinned=pinned,
+            pid=pid,
+            pid_started=start_time(pid),
+            frees_with=frees_with,
+            source=source,
+        )
+        self._holdings[owner] = h
+        self._save()
+        return h
+
+    def wait_reserve(
+        self,
+        owner: str,
+        kind: Kind,
+        needs: dict[str, float],
+        frees_with: str,
+        cancel: threading.Event,
+        *,
+        ready: Callable[[], bool] | None = None,
+        pid: int | None = None,
+    ) -> Holding:
+        """Queue for `needs` and return once reserved (first in line first). Raises CapacityError at once when
+        the work can never fit (above the whole budget), or when `cancel` is set while waiting."""
+        with self._cond:
+            self._queue.append(owner)
+        try:
+            while True:
+                readings = self._read()
+                ok = ready is None or ready()  # outside the lock: it may read a database
+                with self._cond:
+                    self._never_fits(owner, needs, readings)
+                    if self._queue[0] == owner and ok:
+                        try:
+                            h = self._try_reserve(owner, kind, needs, frees_with, False, pid, "estimator", readings)
+                        except CapacityError:
+                            pass
+                        else:
+                            return h
+                    # woken by a release; the timeout catches what changes outside the ledger (a process ending)
+                    self._cond.wait(1.0)
+                    if cancel.is_set():
+                        raise CapacityError(f"{owner} left the memory queue (cancelled)")
+        finally:
+            with self._cond:
+                if owner in self._queue:
+                    self._queue.remove(owner)
+                self._cond.notify_all()
+
+    def _never_fits(self, owner: str, needs: dict[str, float], readings: dict[str, Reading]) -> None:
+        for device, gb in needs.items():
+            r = readings.get(device)
+            if r is None:
+                raise InvalidInputError(f"no device '{device}' on this box")
+            budget = self.budget(device, r.total_gb)
+            if gb > budget:
+                raise CapacityError(
+                    f"{owner} needs {gb:.2f} GB on {device}, more than its whole {budget:.2f} GB budget; waiting "
+                    "cannot help: ask for less, or raise memory_budget_gb"
+                )
+
+    def position(self, owner: str) -> int | None:
+        """1-based place in the memory queue, None when not queued."""
+        with self._cond:
+            return self._queue.index(owner) + 1 if owner in self._queue else None
+
+    def release(self, owner: str) -> bool:
+        with self._cond:
+            h = self._holdings.pop(owner, None)
+            if h is not None:
+                self._save()
+                self._cond.notify_all()
+            return h is not None
+
+    def update(
+        self,
+        owner: str,
+        *,
+        needs: dict[str, float] | None = None,
+        pid: int | None = None,
+        source: str | None = None,
+        pinned: bool | None = None,
+    ) -> Holding | None:
+        """Change a holding in place: a measured size replaces the estimate, a worker's pid replaces the server's."""
+        with self._cond:
+            h = self._holdings.get(owner)
+            if h is None:
+                return None
+            changes: dict[str, object] = {}
+            if needs is not None:
+                changes["devices"] = _rounded(needs)
+            if pid is not None:
+                changes.update(pid=pid, pid_started=start_time(pid))
+            if source is not None:
+                changes["source"] = source
+            if pinned is not None:
+                changes["pinned"] = pinned
+            h = h.model_copy(update=changes)
+            self._holdings[owner] = h
+            self._save()
+            self._cond.notify_all()
+            return h
+
+    def holders(self, kind: Kind) -> list[str]:
+        with self._cond:
+            return [o for o, h in self._holdings.items() if h.kind == kind]
+
+    def holding(self, owner: str) -> Holding | None:
+        with self._cond:
+            return self._holdings.get(owner)
+
+    def state(self) -> BoxState:
+        readings = self._read()
+        with self._cond:
+            self._prune()
+            accounts = self._accounts(readings)
+            holdings = [self._measured(h, readings) for h in self._holdings.values()]
+            queued = list(self._queue)
+        return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=_drift(holdings))
+
+    def _measured(self, h: Holding, readings: dict[str, Reading]) -> Holding:
+        """A worker's own memory per device (its process tree); in-process holdings share the server's."""
+        if h.pid is None or h.pid == os.getpid():
+            return h
+        from gpubox.tools.box.capacity import process_tree
+
+        tree = process_tree([h.pid])
+        measured = {d: _r(sum(gb for pid, gb in r.by_pid_gb.items() if pid in tree)) for d, r in readings.items()}
+        return h.model_copy(update={"measured_gb": {d: gb for d, gb in measured.items() if d in h.devices}})
+
+    def _read(self) -> dict[str, Reading]:
+        with self._cond:
+            pids = self._owned_pids()
+        return self.read(pids)
+
+
+def _child_of(pid: int, owned: set[int]) -> bool:
+    """Worker ranks and helpers of an owned process (its descendants) count as gpubox's own."""
+    import psutil
+
+    try:
+        return any(p.pid in owned for p in psutil.Process(pid).parents())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _drift(holdings: list[Holding]) -> list[str]:
+    out = []
+    for h in holdings:
+        for device, gb in (h.measured_gb or {}).items():
+            reserved = h.devices.get(device, 0.0)
+            if gb > reserved * 1.25 + 0.25:
+                out.append(
+                    f"{h.owner} uses {gb:.2f} GB on {device}, above its {reserved:.2f} GB reservation: the estimate "
+                    "was low, so the box may be over-committed"
+                )
+    return out
+
+
+def _r(x: float) -> float:
+    return round(x, 3)
+
+
+def _rounded(needs: dict[str, float]) -> dict[str, float]:
+    return {d: _r(gb) for d, gb in needs.items() if gb > 0}
+
+
+def device_of(plan_device: str, gpus: int = 1) -> list[str]:
+    """Ledger device names for a family's device string ('cpu', 'cuda', 'cuda (12/30 layers)')."""
+    if plan_device.startswith("cuda"):
+        return [f"cuda:{i}" for i in range(max(1, gpus))]
+    return ["host"]
