@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psutil
 import pytest
 from mcp import Client
 
@@ -10,6 +11,21 @@ from gpubox.extras import is_available
 
 # bench runs need torch (in the worker) and matplotlib (plots in the server); without them every test here skips
 MISSING = [m for m in ("torch", "matplotlib") if not is_available(m)]
+# a CPU sweep small enough for a 2-core box: two head dims, one short sequence
+SMALL = {"device": "cpu", "heads": 2, "seq_len": 64, "head_dim": [16, 32], "warmup": 1, "iterations": 2}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def bench_workers() -> list[psutil.Process]:
+    """The bench worker processes this test process started (directly or not)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "gpubox.tools.bench.worker" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # exited while we looked
+            continue
+    return found
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects

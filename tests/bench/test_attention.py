@@ -8,27 +8,19 @@ import json
 from typing import Any
 
 import anyio
-import psutil
 import pytest
 from mcp import Client
 from mcp.types import BlobResourceContents, ImageContent, TextResourceContents
 
 from gpubox.tools.bench.service import rank, winners
+from tests.bench.conftest import PNG, SMALL, bench_workers
+from tests.conftest import call_err, call_ok, call_result, wait_until
 
 pytestmark = pytest.mark.anyio
-SMALL = {"device": "cpu", "heads": 2, "seq_len": 64, "head_dim": [16, 32], "warmup": 1, "iterations": 2}
-PNG = b"\x89PNG\r\n\x1a\n"
-
-
-async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content, result.content
 
 
 async def test_cpu_backends_match_the_math_reference_and_a_winner_is_named_per_shape(bench_client: Client) -> None:
-    data, _ = await call(bench_client, "bench_attention", SMALL)
+    data = await call_ok(bench_client, "bench_attention", **SMALL)
     assert data["status"] == "complete" and data["device"] == "cpu" and data["dtype"] == "float32"
     assert data["baseline"] == "sdpa_math"
     ran = {(r["backend"], r["head_dim"], r["seq_len"]) for r in data["rows"]}
@@ -48,7 +40,7 @@ async def test_cpu_backends_match_the_math_reference_and_a_winner_is_named_per_s
 
 
 async def test_backends_this_machine_lacks_are_skipped_with_the_reason_they_gave(bench_client: Client) -> None:
-    data, _ = await call(bench_client, "bench_attention", SMALL)
+    data = await call_ok(bench_client, "bench_attention", **SMALL)
     reasons = {s["backend"]: s["reason"] for s in data["skipped"]}
     assert set(reasons) == {"sdpa_efficient", "sdpa_cudnn", "ffpa", "flash_attn"}
     assert "CUDA only" in reasons["sdpa_efficient"] and "No viable backend" in reasons["sdpa_efficient"]
@@ -58,7 +50,8 @@ async def test_backends_this_machine_lacks_are_skipped_with_the_reason_they_gave
 
 async def test_only_unavailable_backends_gives_skips_and_a_note_not_a_crash(bench_client: Client) -> None:
     args = {**SMALL, "backends": ["sdpa_efficient", "ffpa"], "baseline": "sdpa_efficient"}
-    data, content = await call(bench_client, "bench_attention", args)
+    res = await call_result(bench_client, "bench_attention", **args)
+    data, content = res.structured_content, res.content
     assert data["status"] == "complete" and data["rows"] == [] and data["plots"] == []
     assert {s["backend"] for s in data["skipped"]} == {"sdpa_efficient", "ffpa"}
     assert any("did not run" in n for n in data["notes"])
@@ -69,7 +62,8 @@ async def test_only_unavailable_backends_gives_skips_and_a_note_not_a_crash(benc
 async def test_plots_come_back_as_png_images_with_one_series_per_backend(bench_client: Client) -> None:
     from PIL import Image
 
-    data, content = await call(bench_client, "bench_attention", SMALL)
+    res = await call_result(bench_client, "bench_attention", **SMALL)
+    data, content = res.structured_content, res.content
     images = [c for c in content if isinstance(c, ImageContent)]
     assert [i.mime_type for i in images] == ["image/png", "image/png"]
     for img in images:
@@ -88,7 +82,7 @@ async def test_plots_come_back_as_png_images_with_one_series_per_backend(bench_c
 
 
 async def test_the_raw_table_is_kept_as_json_and_csv_resources(bench_client: Client) -> None:
-    data, _ = await call(bench_client, "bench_attention", SMALL)
+    data = await call_ok(bench_client, "bench_attention", **SMALL)
     as_json = (await bench_client.read_resource(data["table_json"])).contents[0]
     as_csv = (await bench_client.read_resource(data["table_csv"])).contents[0]
     assert isinstance(as_json, TextResourceContents) and isinstance(as_csv, TextResourceContents)
@@ -101,22 +95,17 @@ async def test_the_raw_table_is_kept_as_json_and_csv_resources(bench_client: Cli
 async def test_a_worker_over_its_time_limit_is_killed_and_reported(bench_client: Client) -> None:
     # minutes of work on two cores; the one-second limit expires while torch is still importing or computing
     args = {**SMALL, "seq_len": 4096, "head_dim": 512, "heads": 8, "iterations": 1000, "time_limit_s": 1}
-    data, _ = await call(bench_client, "bench_attention", args)
+    data = await call_ok(bench_client, "bench_attention", **args)
     assert data["status"] == "timed_out"
     assert "time limit of 1 s" in data["message"] and "killed" in data["message"]
-    workers = [
-        p for p in psutil.Process().children(recursive=True) if "gpubox.tools.bench.worker" in " ".join(p.cmdline())
-    ]
-    assert workers == []
-    listed, _ = await call(bench_client, "bench_list", {})  # the server is still answering
+    assert bench_workers() == []
+    listed = await call_ok(bench_client, "bench_list")  # the server is still answering
     assert listed["runs"][0]["run_id"] == data["run_id"] and listed["runs"][0]["status"] == "timed_out"
 
 
 async def test_bad_shapes_are_refused_with_a_clear_message(bench_client: Client) -> None:
-    result = await bench_client.call_tool("bench_attention", {"head_dim": [], "device": "cpu"})
-    assert result.is_error and "empty list" in str(result.content[0])
-    result = await bench_client.call_tool("bench_attention", {"head_dim": 0, "device": "cpu"})
-    assert result.is_error and "greater than or equal to 1" in str(result.content[0])
+    assert "empty list" in await call_err(bench_client, "bench_attention", head_dim=[], device="cpu")
+    assert "greater than or equal to 1" in await call_err(bench_client, "bench_attention", head_dim=0, device="cpu")
 
 
 def test_a_backend_over_tolerance_is_flagged_and_never_wins() -> None:
@@ -136,16 +125,11 @@ def test_a_backend_over_tolerance_is_flagged_and_never_wins() -> None:
 
 async def test_causal_forward_and_backward_count_half_then_two_and_a_half_times_the_flops(bench_client: Client) -> None:
     args = {**SMALL, "head_dim": 16, "causal": True, "backward": True, "backends": ["sdpa_math"]}
-    data, _ = await call(bench_client, "bench_attention", args)
+    data = await call_ok(bench_client, "bench_attention", **args)
     (row,) = data["rows"]
     assert data["causal"] and data["backward"] and row["within_tolerance"]
     expected = 4 * 1 * 2 * 64 * 64 * 16 / 2 * 2.5 / (row["time_ms"] * 1e-3) / 1e12
     assert row["tflops"] == pytest.approx(expected, rel=2e-3)
-
-
-def bench_workers() -> list[psutil.Process]:
-    procs = psutil.Process().children(recursive=True)
-    return [p for p in procs if "gpubox.tools.bench.worker" in " ".join(p.cmdline())]
 
 
 async def test_while_a_benchmark_runs_the_server_answers_and_a_second_one_is_refused(bench_client: Client) -> None:
@@ -157,19 +141,14 @@ async def test_while_a_benchmark_runs_the_server_answers_and_a_second_one_is_ref
             results.append(await bench_client.call_tool("bench_attention", long_run))
 
         tg.start_soon(first)
-        with anyio.fail_after(60):
-            while not bench_workers():
-                await anyio.sleep(0.1)
-        listed = await bench_client.call_tool("bench_list", {})  # answered while the worker computes
-        assert not listed.is_error and not results
-        second = await bench_client.call_tool("bench_attention", SMALL)
-        assert second.is_error and "another benchmark (attention) is running" in str(second.content[0])
+        await wait_until(bench_workers, timeout=60)
+        await call_ok(bench_client, "bench_list")  # answered while the worker computes
+        assert not results
+        assert "another benchmark (attention) is running" in await call_err(bench_client, "bench_attention", **SMALL)
         tg.cancel_scope.cancel()  # the client gives up: the server cancels the call and kills the worker
-    with anyio.fail_after(30):
-        while bench_workers():
-            await anyio.sleep(0.1)
+    await wait_until(lambda: not bench_workers(), timeout=30)
     assert results == []
-    data, _ = await call(bench_client, "bench_list", {})
+    data = await call_ok(bench_client, "bench_list")
     assert all(r["run_id"] for r in data["runs"])
-    data, _ = await call(bench_client, "bench_attention", {**SMALL, "head_dim": 16})  # the lock was released
+    data = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": 16})  # the lock was released
     assert data["status"] == "complete"

@@ -12,14 +12,15 @@ from mcp import Client
 from mcp.types import ImageContent
 
 from gpubox.settings import Settings
-from tests.bench.test_attention import PNG, SMALL, call
+from tests.bench.conftest import PNG, SMALL
+from tests.conftest import call_err, call_ok, call_result
 
 pytestmark = pytest.mark.anyio
 CPU_DEVICE = {"device": "cpu", "buffer_mb": 32, "matmul_size": 256, "iterations": 2}
 
 
 async def test_bench_device_on_cpu_measures_ram_bandwidth_and_blas_gflops(bench_client: Client) -> None:
-    data, _ = await call(bench_client, "bench_device", CPU_DEVICE)
+    data = await call_ok(bench_client, "bench_device", **CPU_DEVICE)
     assert data["status"] == "complete" and data["device"] == "cpu"
     figures = {f["name"]: f for f in data["figures"]}
     assert set(figures) == {"memory_copy", "memory_triad", "matmul_fp32", "matmul_fp64"}
@@ -30,21 +31,21 @@ async def test_bench_device_on_cpu_measures_ram_bandwidth_and_blas_gflops(bench_
         assert f["ratio"] == pytest.approx(f["measured"] / f["datasheet"], rel=0.01, abs=1e-3)
     assert figures["matmul_fp64"]["datasheet"] == pytest.approx(figures["matmul_fp32"]["datasheet"] / 2)
     assert "256×256" in figures["matmul_fp32"]["detail"]
-    listed, _ = await call(bench_client, "bench_list", {})
+    listed = await call_ok(bench_client, "bench_list")
     run = listed["runs"][0]
     assert run["run_id"] == data["run_id"] and run["kind"] == "device" and "memory_copy" in run["summary"]
     assert any(u.endswith("/device.png") for u in run["files"])
 
 
 async def test_a_cpu_device_calibration_is_stored_and_used_by_the_next_estimate(bench_client: Client) -> None:
-    before, _ = await call(bench_client, "estimate_inference", {"model": "Llama-3-8B", "gpu": "local"})
-    data, _ = await call(bench_client, "bench_device", CPU_DEVICE)
+    before = await call_ok(bench_client, "estimate_inference", model="Llama-3-8B", gpu="local")
+    data = await call_ok(bench_client, "bench_device", **CPU_DEVICE)
     assert data["calibration"].startswith("stored as a device calibration for 'cpu'")
     measured = {f["name"]: f["measured"] for f in data["figures"]}
     bandwidth = round(max(measured["memory_copy"], measured["memory_triad"]), 3)
-    profiles, _ = await call(bench_client, "estimate_calibrations", {"kind": "device"})
+    profiles = await call_ok(bench_client, "estimate_calibrations", kind="device")
     assert f"bench_device run {data['run_id']}" in json.dumps(profiles)
-    after, _ = await call(bench_client, "estimate_inference", {"model": "Llama-3-8B", "gpu": "local"})
+    after = await call_ok(bench_client, "estimate_inference", model="Llama-3-8B", gpu="local")
     said = json.dumps(after)
     assert f"memory bandwidth {bandwidth:g} GB/s" in said and "measured on this box" in said and data["run_id"] in said
     # a CPU computes in fp32: its measured fp32 rate replaces the default matrix rate too
@@ -56,12 +57,13 @@ async def test_a_cpu_device_calibration_is_stored_and_used_by_the_next_estimate(
 
 
 async def test_a_run_replots_against_an_earlier_one(bench_client: Client) -> None:
-    first, _ = await call(bench_client, "bench_attention", {**SMALL, "head_dim": [16, 32]})
-    second, _ = await call(bench_client, "bench_attention", {**SMALL, "head_dim": [16, 32]})
-    listed, _ = await call(bench_client, "bench_list", {"limit": 5})
+    first = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": [16, 32]})
+    second = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": [16, 32]})
+    listed = await call_ok(bench_client, "bench_list", limit=5)
     assert [r["run_id"] for r in listed["runs"][:2]] == [second["run_id"], first["run_id"]]
     assert all(r["versions"]["torch"] and r["created_at"] and r["device"] == "cpu" for r in listed["runs"])
-    data, content = await call(bench_client, "bench_plot", {"run_id": second["run_id"], "against": first["run_id"]})
+    res = await call_result(bench_client, "bench_plot", run_id=second["run_id"], against=first["run_id"])
+    data, content = res.structured_content, res.content
     series = data["plots"][0]["series"]
     assert "sdpa_math" in series and any(s.startswith("sdpa_math (" + first["run_id"]) for s in series)
     images = [c for c in content if isinstance(c, ImageContent)]
@@ -71,10 +73,8 @@ async def test_a_run_replots_against_an_earlier_one(bench_client: Client) -> Non
 
 
 async def test_unknown_runs_and_path_tricks_are_refused(bench_client: Client) -> None:
-    result = await bench_client.call_tool("bench_plot", {"run_id": "../../etc"})
-    assert result.is_error and "not a bench run id" in str(result.content[0])
-    result = await bench_client.call_tool("bench_plot", {"run_id": "20200101-000000-device-abcdef"})
-    assert result.is_error and "bench_list" in str(result.content[0])
+    assert "not a bench run id" in await call_err(bench_client, "bench_plot", run_id="../../etc")
+    assert "bench_list" in await call_err(bench_client, "bench_plot", run_id="20200101-000000-device-abcdef")
 
 
 async def test_a_running_finetune_job_makes_the_benchmark_refuse_naming_it(
@@ -85,9 +85,8 @@ async def test_a_running_finetune_job_makes_the_benchmark_refuse_naming_it(
     store.create("job-abc", "my-adapter", "smollm2-135m-instruct", "lora")
     store.update("job-abc", state="running")
     store.set_process("job-abc", os.getpid())  # a live process stands in for the training worker
-    result = await bench_client.call_tool("bench_attention", SMALL)
-    assert result.is_error
-    assert "fine-tune job 'job-abc'" in str(result.content[0]) and "in use" in str(result.content[0])
+    text = await call_err(bench_client, "bench_attention", **SMALL)
+    assert "fine-tune job 'job-abc'" in text and "in use" in text
     store.finish("job-abc", "completed")
-    data, _ = await call(bench_client, "bench_attention", {**SMALL, "head_dim": 16})
+    data = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": 16})
     assert data["status"] == "complete"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from tests.bench.test_attention import call
+from tests.conftest import call_ok
 
 pytestmark = [pytest.mark.anyio, pytest.mark.gpu]
 
 
 async def test_gpu_sweep_times_sdpa_backends_with_cuda_events_and_skips_flash_above_256(bench_client: Client) -> None:
     args = {"heads": 8, "seq_len": 2048, "head_dim": [128, 512], "warmup": 2, "iterations": 5}
-    data, _ = await call(bench_client, "bench_attention", args)
+    data = await call_ok(bench_client, "bench_attention", **args)
     assert data["status"] == "complete" and data["device"] == "cuda" and data["dtype"] == "float16"
     assert data["baseline"] == "sdpa_efficient" and "CUDA events" in data["timing"]
     rows = {(r["backend"], r["head_dim"]): r for r in data["rows"]}
@@ -33,7 +33,7 @@ async def test_gpu_sweep_times_sdpa_backends_with_cuda_events_and_skips_flash_ab
 async def test_gpu_device_bandwidth_and_bf16_tflops_are_a_plausible_share_of_the_datasheet(
     bench_client: Client,
 ) -> None:
-    data, _ = await call(bench_client, "bench_device", {"iterations": 5})
+    data = await call_ok(bench_client, "bench_device", iterations=5)
     assert data["status"] == "complete" and data["device"] == "cuda"
     figures = {f["name"]: f for f in data["figures"]}
     assert figures["memory_copy"]["measured"] > 100 and figures["matmul_bf16"]["measured"] > 5
