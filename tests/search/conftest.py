@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,9 @@ from gpubox.app import build_server, state_of
 from gpubox.bundled import minilm_dir
 from gpubox.extras import EXTRAS, is_available
 from gpubox.settings import Settings
+from gpubox.tools.search import vectors
 from gpubox.tools.search.indexer import Progress
+from gpubox.tools.search.store import IndexStore
 from tests.conftest import DATA, EXTRA_MODULES
 
 
@@ -42,6 +45,33 @@ def finished(progress: Progress, timeout: float = 600) -> Progress:
     assert progress.done.wait(timeout), "indexing did not finish"
     assert progress.error is None, progress.error
     return progress
+
+
+def faiss_ids(index: Any) -> list[int]:
+    """The row ids a FAISS IndexIDMap holds, sorted."""
+    import faiss
+
+    return sorted(int(i) for i in faiss.vector_to_array(index.id_map))
+
+
+def snapshot(directory: Path) -> dict[str, Any]:
+    """What an index folder has committed: files with hashes, chunks, the FAISS pointer and the ids in that FAISS
+    file (test_crash_safety.py's killed child writes this too, so it lives here, not in a test module)."""
+    store = IndexStore(directory)
+    try:
+        db = store.connect()
+        meta = store.meta()
+        index = vectors.load((directory / meta["faiss_file"]).read_bytes())
+        return {
+            "files": sorted(db.execute("SELECT path, hash FROM files").fetchall()),
+            "chunks": sorted(db.execute("SELECT id, path, start_line, text_hash FROM chunks").fetchall()),
+            "generation": meta["generation"],
+            "faiss_file": meta["faiss_file"],
+            "faiss_ids": faiss_ids(index),
+            "run": meta["run"],
+        }
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="module")

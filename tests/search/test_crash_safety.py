@@ -15,7 +15,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
 from tests.conftest import child_env
-from tests.search.conftest import finished, make_repo, skip_without_search
+from tests.search.conftest import faiss_ids, finished, make_repo, skip_without_search, snapshot
 
 skip_without_search()
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ from gpubox.settings import Settings
 from gpubox.tools.search.indexer import Progress, run_index
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.walker import WalkOptions
-from tests.search.test_crash_safety import snapshot
+from tests.search.conftest import snapshot
 
 state, repo, out, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 svc = SearchService(Settings.load(state_dir=Path(state), allowed_roots=[repo]))
@@ -44,31 +44,6 @@ run_index(repo, store, svc.embedder, WalkOptions(), Progress(), 200_000,
           commit_chunks=8, write_share=float("inf"), on_commit=on_commit)
 raise SystemExit("the run finished before commit %d" % stop)
 """
-
-
-def faiss_ids(index: Any) -> list[int]:
-    import faiss
-
-    return sorted(int(i) for i in faiss.vector_to_array(index.id_map))
-
-
-def snapshot(directory: Path) -> dict[str, Any]:
-    """What is committed: files with hashes, chunks, the FAISS pointer and the ids in that FAISS file."""
-    store = IndexStore(directory)
-    try:
-        db = store.connect()
-        meta = store.meta()
-        index = vectors.load((directory / meta["faiss_file"]).read_bytes())
-        return {
-            "files": sorted(db.execute("SELECT path, hash FROM files").fetchall()),
-            "chunks": sorted(db.execute("SELECT id, path, start_line, text_hash FROM chunks").fetchall()),
-            "generation": meta["generation"],
-            "faiss_file": meta["faiss_file"],
-            "faiss_ids": faiss_ids(index),
-            "run": meta["run"],
-        }
-    finally:
-        store.close()
 
 
 def consistent(store: IndexStore) -> int:

@@ -7,7 +7,6 @@ import importlib.metadata
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import Client
@@ -17,6 +16,7 @@ from gpubox.bundled import minilm_dir
 from gpubox.extras import is_available
 from gpubox.settings import Settings
 from gpubox.tools.search.embedder import Embedder, default_model_path, model_backend
+from tests.conftest import call_err, call_ok
 from tests.search.conftest import make_repo, skip_without_search
 
 skip_without_search()
@@ -73,21 +73,9 @@ def m2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def tool_error(client: Client, tool: str, **args: Any) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, result.structured_content
-    return " ".join(getattr(c, "text", "") for c in result.content)
-
-
 async def index_failure(client: Client, path: Path) -> str:
-    """search_index refuses up front (a tool error) or its background run fails (state 'failed', with why)."""
+    """search_index refuses up front (a tool error) or its background run fails (state 'failed', with why): either
+    is a pass, so this one reads the raw result instead of call_ok / call_err."""
     result = await client.call_tool("search_index", {"path": str(path), "name": "repo"})
     if result.is_error:
         return " ".join(getattr(c, "text", "") for c in result.content)
@@ -127,18 +115,18 @@ async def test_index_and_search_the_sample_repo_with_a_model2vec_model(tmp_path:
     mcp = build_server(settings)
     try:
         async with Client(mcp) as client:
-            res = await call(client, "search_index", path=str(repo), name="repo")
+            res = await call_ok(client, "search_index", path=str(repo), name="repo")
             assert res["state"] == "ready" and res["chunks"] >= 40 and res["embedded_chunks"] == res["chunks"]
-            info = (await call(client, "search_list"))["indexes"][0]
+            info = (await call_ok(client, "search_list"))["indexes"][0]
             assert info["model"] == str(m2v_model) and info["dim"] == PCA_DIMS
             # the static model's own vectors, alone: its top hits for a query that names the function
-            hits = (await call(client, "search_code", query="retry with backoff", index="repo", k=5, mode="vector"))[
+            hits = (await call_ok(client, "search_code", query="retry with backoff", index="repo", k=5, mode="vector"))[
                 "hits"
             ]
             assert any(h["path"] == "inventory/retry.py" for h in hits), hits
             assert all("vector" in h["matched_by"] for h in hits)
             # and through the default hybrid mode, a description without the identifier
-            hits = (await call(client, "search_code", query="edit distance between two strings", index="repo", k=3))[
+            hits = (await call_ok(client, "search_code", query="edit distance between two strings", index="repo", k=3))[
                 "hits"
             ]
             assert any(h["path"] == "engine/src/lib.rs" and h["symbol"] == "levenshtein" for h in hits), hits
@@ -152,7 +140,7 @@ async def test_switching_the_model_re_embeds_instead_of_mixing_vectors(tmp_path:
     first = build_server(Settings.load(**base, search_embedding_model=m2v_model))
     try:
         async with Client(first) as client:
-            built = await call(client, "search_index", path=str(repo), name="repo")
+            built = await call_ok(client, "search_index", path=str(repo), name="repo")
             assert built["state"] == "ready"
     finally:
         state_of(first).close()
@@ -161,24 +149,24 @@ async def test_switching_the_model_re_embeds_instead_of_mixing_vectors(tmp_path:
     second = build_server(Settings.load(**base))
     try:
         async with Client(second) as client:
-            msg = await tool_error(client, "search_code", query="retry with backoff", index="repo", mode="vector")
+            msg = await call_err(client, "search_code", query="retry with backoff", index="repo", mode="vector")
             assert str(m2v_model) in msg and "re-index" in msg
             msg = await index_failure(client, repo)
             assert str(m2v_model) in msg and "search_drop" in msg
-            info = (await call(client, "search_list"))["indexes"][0]
+            info = (await call_ok(client, "search_list"))["indexes"][0]
             assert info["model"] == str(m2v_model) and info["dim"] == PCA_DIMS  # untouched by the refused run
             # lexical search needs no vectors, so it still answers from the old index
-            lex = await call(client, "search_code", query="retry_with_backoff", index="repo", mode="lexical", k=1)
+            lex = await call_ok(client, "search_code", query="retry_with_backoff", index="repo", mode="lexical", k=1)
             assert lex["hits"][0]["path"] == "inventory/retry.py"
 
-            assert (await call(client, "search_drop", name="repo"))["dropped"]
-            rebuilt = await call(client, "search_index", path=str(repo), name="repo")
+            assert (await call_ok(client, "search_drop", name="repo"))["dropped"]
+            rebuilt = await call_ok(client, "search_index", path=str(repo), name="repo")
             # every chunk embedded again by the new model: nothing reused from the old one
             assert rebuilt["embedded_chunks"] == rebuilt["chunks"] == built["chunks"]
             assert rebuilt["reused_chunks"] == 0
-            info = (await call(client, "search_list"))["indexes"][0]
+            info = (await call_ok(client, "search_list"))["indexes"][0]
             assert info["model"] == str(_minilm()) and info["dim"] == 384
-            hits = (await call(client, "search_code", query="retry with backoff", index="repo", mode="vector", k=3))[
+            hits = (await call_ok(client, "search_code", query="retry with backoff", index="repo", mode="vector", k=3))[
                 "hits"
             ]
             assert any(h["path"] == "inventory/retry.py" for h in hits), hits
@@ -216,6 +204,6 @@ async def test_a_bad_model_setting_is_a_clear_tool_error_and_the_server_keeps_se
             for msg in msgs:
                 assert expected in msg and "GPUBOX_SEARCH_EMBEDDING_MODEL" in msg, msg
             # the rest of the server is unaffected
-            assert await call(client, "estimate_gpus")
+            assert await call_ok(client, "estimate_gpus")
     finally:
         state_of(mcp).close()

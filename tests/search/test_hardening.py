@@ -20,6 +20,7 @@ from gpubox.settings import Settings
 from gpubox.tools.search import indexer
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
+from tests.conftest import call_err
 from tests.search.conftest import finished, make_repo, skip_without_search
 
 skip_without_search()
@@ -172,13 +173,10 @@ async def test_bad_paths_get_clean_errors_that_reveal_nothing_outside_the_roots(
     mcp = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
     try:
         async with Client(mcp) as client:
-            nul = await client.call_tool("search_index", {"path": f"{root}/re\x00po", "dry_run": True})
-            assert nul.is_error and "NUL" in nul.content[0].text  # type: ignore[union-attr]
+            assert "NUL" in await call_err(client, "search_index", path=f"{root}/re\x00po", dry_run=True)
             texts = {}
             for link in ("escape", "dangling"):
-                result = await client.call_tool("search_index", {"path": str(root / link), "dry_run": True})
-                assert result.is_error
-                texts[link] = result.content[0].text  # type: ignore[union-attr]
+                texts[link] = await call_err(client, "search_index", path=str(root / link), dry_run=True)
                 assert "outside the allowed roots" in texts[link]
                 assert "hidden-target-dir" not in texts[link] and "no-such-dir" not in texts[link]
             # an existing and a missing target read the same, so the error is no probe for what exists outside

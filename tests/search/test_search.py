@@ -13,6 +13,7 @@ from mcp import Client
 
 from gpubox.app import state_of
 from gpubox.tools.search.adapter import search_service
+from tests.conftest import call_err, call_ok, wait_until
 from tests.search.conftest import finished, make_repo, skip_without_search
 
 skip_without_search()
@@ -31,13 +32,6 @@ KNOWN = {
 }
 
 
-async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 @pytest.fixture(scope="module")
 def repo(search_env: tuple[object, Path, Any]) -> Path:
     """The sample repository indexed as 'repo' (each test that reads it gets it built, so any test runs alone)."""
@@ -50,11 +44,11 @@ def repo(search_env: tuple[object, Path, Any]) -> Path:
 async def test_index_then_known_queries_find_their_definitions(search_env: Any, repo: Path) -> None:
     mcp = search_env[0]
     async with Client(mcp) as client:
-        res = await call(client, "search_index", path=str(repo), name="repo")
+        res = await call_ok(client, "search_index", path=str(repo), name="repo")
         assert res["state"] == "ready" and res["files"] >= 20 and res["chunks"] >= 40
         assert set(res["languages"]) >= {"python", "go", "rust", "java", "c", "cpp", "javascript", "typescript"}
         for query, (path, symbol) in KNOWN.items():
-            hits = (await call(client, "search_code", query=query, index="repo", k=3))["hits"]
+            hits = (await call_ok(client, "search_code", query=query, index="repo", k=3))["hits"]
             assert any(h["path"] == path and h["symbol"] == symbol for h in hits), (query, hits)
 
 
@@ -66,13 +60,13 @@ async def test_identifiers_in_the_query_find_their_definition_first(search_env: 
             ("RateLimiter", "server/ratelimit.go"),
             ("ringbuffer_pop", "native/ringbuffer.c"),
         ]:
-            top = (await call(client, "search_code", query=ident, index="repo", k=1))["hits"][0]
+            top = (await call_ok(client, "search_code", query=ident, index="repo", k=1))["hits"][0]
             assert top["path"] == path and top["symbol"] == ident and "symbol" in top["matched_by"]
 
 
 async def test_hits_carry_lines_language_and_a_trimmed_snippet(search_env: Any, repo: Path) -> None:
     async with Client(search_env[0]) as client:
-        hit = (await call(client, "search_code", query="crc32", index="repo", k=1, snippet_chars=120))["hits"][0]
+        hit = (await call_ok(client, "search_code", query="crc32", index="repo", k=1, snippet_chars=120))["hits"][0]
     lines = (repo / hit["path"]).read_text().splitlines()
     assert "crc32(" in "\n".join(lines[hit["start_line"] - 1 : hit["end_line"]])
     assert hit["language"] == "c" and len(hit["snippet"]) <= 120 and hit["snippet_truncated"]
@@ -80,28 +74,30 @@ async def test_hits_carry_lines_language_and_a_trimmed_snippet(search_env: Any, 
 
 async def test_ignore_rules_and_default_excludes_keep_files_out(search_env: Any, repo: Path) -> None:
     async with Client(search_env[0]) as client:
-        res = await call(client, "search_index", path=str(repo), name="repo", dry_run=True)
+        res = await call_ok(client, "search_index", path=str(repo), name="repo", dry_run=True)
         excluded = res["excluded"]
         assert excluded.get(".gitignore", 0) >= 3  # app.log, secrets.txt, generated/ (build/ is a default)
         assert excluded.get("lock file") == 1 and excluded.get("generated") == 1  # package-lock, *.min.js
         assert any("node_modules" in k for k in excluded)
-        hits = (await call(client, "search_code", query="api_key do-not-index-me leftpad", index="repo", k=20))["hits"]
+        res = await call_ok(client, "search_code", query="api_key do-not-index-me leftpad", index="repo", k=20)
+        hits = res["hits"]
+        assert hits  # an empty result would pass the next line
         assert not {h["path"] for h in hits} & {"secrets.txt", "node_modules/leftpad/index.js", "app.log"}
 
 
 async def test_filters_modes_and_paging(search_env: Any, repo: Path) -> None:
     async with Client(search_env[0]) as client:
-        go = await call(client, "search_code", query="request handling", index="repo", language="go", k=5)
+        go = await call_ok(client, "search_code", query="request handling", index="repo", language="go", k=5)
         assert go["hits"] and all(h["language"] == "go" for h in go["hits"])
-        py = await call(client, "search_code", query="items", index="repo", path_glob="inventory/*.py", k=5)
+        py = await call_ok(client, "search_code", query="items", index="repo", path_glob="inventory/*.py", k=5)
         assert py["hits"] and all(h["path"].startswith("inventory/") for h in py["hits"])
-        lex = await call(client, "search_code", query="pbkdf2_hmac", index="repo", mode="lexical", k=3)
+        lex = await call_ok(client, "search_code", query="pbkdf2_hmac", index="repo", mode="lexical", k=3)
         assert lex["hits"][0]["symbol"] == "hash_password" and lex["hits"][0]["matched_by"] == ["lexical"]
-        vec = await call(client, "search_code", query="circular queue of bytes", index="repo", mode="vector", k=3)
+        vec = await call_ok(client, "search_code", query="circular queue of bytes", index="repo", mode="vector", k=3)
         assert any("ringbuffer" in h["path"] for h in vec["hits"])
-        first = await call(client, "search_code", query="function", index="repo", k=5)
+        first = await call_ok(client, "search_code", query="function", index="repo", k=5)
         assert first["next_offset"] == 5
-        second = await call(client, "search_code", query="function", index="repo", k=5, offset=5)
+        second = await call_ok(client, "search_code", query="function", index="repo", k=5, offset=5)
         key = lambda h: (h["path"], h["start_line"])  # noqa: E731
         assert not {key(h) for h in first["hits"]} & {key(h) for h in second["hits"]}
 
@@ -109,11 +105,11 @@ async def test_filters_modes_and_paging(search_env: Any, repo: Path) -> None:
 async def test_dry_run_previews_counts_time_and_disk_without_embedding(search_env: Any, tmp_path: Path) -> None:
     fresh = make_repo(search_env[1] / "fresh")
     async with Client(search_env[0]) as client:
-        res = await call(client, "search_index", path=str(fresh), name="fresh", dry_run=True)
+        res = await call_ok(client, "search_index", path=str(fresh), name="fresh", dry_run=True)
         assert res["state"] == "dry_run" and res["dry_run"]["chunks_to_embed"] == res["chunks"] > 0
         assert res["dry_run"]["estimated_seconds"] > 0 and res["dry_run"]["estimated_disk_bytes"] > 0
         assert res["dry_run"]["files_by_language"]["python"] >= 8
-        names = {i["name"] for i in (await call(client, "search_list"))["indexes"]}
+        names = {i["name"] for i in (await call_ok(client, "search_list"))["indexes"]}
         assert "fresh" not in names  # nothing was written
     shutil.rmtree(fresh)
 
@@ -121,8 +117,8 @@ async def test_dry_run_previews_counts_time_and_disk_without_embedding(search_en
 async def test_incremental_reindex_after_edit_add_delete_and_rename(search_env: Any) -> None:
     repo = make_repo(search_env[1] / "inc")
     async with Client(search_env[0]) as client:
-        first = await call(client, "search_index", path=str(repo), name="inc")
-        again = await call(client, "search_index", path=str(repo), name="inc")
+        first = await call_ok(client, "search_index", path=str(repo), name="inc")
+        again = await call_ok(client, "search_index", path=str(repo), name="inc")
         assert again["message"] == "up to date" and again["embedded_chunks"] == 0 and again["chunks"] == first["chunks"]
 
         (repo / "inventory" / "retry.py").write_text(
@@ -135,21 +131,21 @@ async def test_incremental_reindex_after_edit_add_delete_and_rename(search_env: 
         )  # add
         (repo / "inventory" / "csv_export.py").unlink()  # delete
         os.rename(repo / "engine" / "src" / "parser.rs", repo / "engine" / "src" / "lexer.rs")  # rename
-        res = await call(client, "search_index", path=str(repo), name="inc")
+        res = await call_ok(client, "search_index", path=str(repo), name="inc")
         assert (res["added_files"], res["changed_files"], res["removed_files"]) == (2, 1, 2)
         # the new function, the new file, and the renamed file's 3 chunks (the path is part of the embedded text)
         assert 0 < res["embedded_chunks"] <= 5
         assert res["reused_chunks"] >= 2  # retry.py's unchanged chunks
 
-        hit = (await call(client, "search_code", query="circuit_breaker_open", index="inc", k=1))["hits"][0]
+        hit = (await call_ok(client, "search_code", query="circuit_breaker_open", index="inc", k=1))["hits"][0]
         assert hit["path"] == "inventory/retry.py"
-        hit = (await call(client, "search_code", query="distance on earth", index="inc", k=1))["hits"][0]
+        hit = (await call_ok(client, "search_code", query="distance on earth", index="inc", k=1))["hits"][0]
         assert hit["path"] == "inventory/geo.py"
-        hits = (await call(client, "search_code", query="export_items_to_csv", index="inc", k=10))["hits"]
+        hits = (await call_ok(client, "search_code", query="export_items_to_csv", index="inc", k=10))["hits"]
         assert all(h["path"] != "inventory/csv_export.py" for h in hits)
-        hits = (await call(client, "search_code", query="next_token", index="inc", k=3))["hits"]
+        hits = (await call_ok(client, "search_code", query="next_token", index="inc", k=3))["hits"]
         assert hits[0]["path"] == "engine/src/lexer.rs"
-        info = await call(client, "search_list")
+        info = await call_ok(client, "search_list")
         row = next(i for i in info["indexes"] if i["name"] == "inc")
         assert row["state"] == "ready" and row["files"] == first["files"] and row["last_indexed"]
 
@@ -159,9 +155,7 @@ async def test_paths_outside_the_allowed_roots_are_refused(search_env: Any, tmp_
     (root / "escape").symlink_to(tmp_path, target_is_directory=True)
     async with Client(search_env[0]) as client:
         for path in [str(tmp_path), str(root / ".." / ".."), str(root / "escape"), "/etc"]:
-            result = await client.call_tool("search_index", {"path": path})
-            assert result.is_error
-            assert "outside the allowed roots" in result.content[0].text  # type: ignore[union-attr]
+            assert "outside the allowed roots" in await call_err(client, "search_index", path=path)
     (root / "escape").unlink()
 
 
@@ -180,16 +174,15 @@ async def test_a_long_index_returns_early_and_finishes_in_the_background(search_
         assert first is not None
         if first["state"] == "indexing":
             assert "search_list" in first["message"]
-        for _ in range(600):
-            row = next(i for i in (await call(client, "search_list"))["indexes"] if i["name"] == "bg")
-            if row["state"] == "ready":
-                break
-            assert row["state"] == "indexing" and row["progress"] is not None
-            import anyio
 
-            await anyio.sleep(0.1)
-        assert row["state"] == "ready" and row["chunks"] > 0
-        res = await call(client, "search_index", path=str(repo), name="bg")
+        async def ready() -> dict[str, Any] | None:
+            row = next(i for i in (await call_ok(client, "search_list"))["indexes"] if i["name"] == "bg")
+            assert row["state"] == "ready" or (row["state"] == "indexing" and row["progress"] is not None), row
+            return row if row["state"] == "ready" else None
+
+        row = await wait_until(ready, timeout=120)
+        assert row["chunks"] > 0
+        res = await call_ok(client, "search_index", path=str(repo), name="bg")
         assert res["message"] == "up to date"
     assert events, "MCP progress notifications were expected"
 
@@ -203,11 +196,10 @@ async def test_resources_prompt_and_drop(search_env: Any, repo: Path) -> None:
         prompt = await client.get_prompt("explain_code", {"question": "how are passwords checked?", "index": "repo"})
         assert "search_code" in prompt.messages[0].content.text  # type: ignore[union-attr]
         repo2 = make_repo(search_env[1] / "todrop")
-        await call(client, "search_index", path=str(repo2), name="todrop")
-        dropped = await call(client, "search_drop", name="todrop")
+        await call_ok(client, "search_index", path=str(repo2), name="todrop")
+        dropped = await call_ok(client, "search_drop", name="todrop")
         assert dropped["dropped"] and dropped["freed_bytes"] > 0
-        missing = await client.call_tool("search_code", {"query": "x", "index": "todrop"})
-        assert missing.is_error and "search_index" in missing.content[0].text  # type: ignore[union-attr]
+        assert "search_index" in await call_err(client, "search_code", query="x", index="todrop")
 
 
 async def test_a_different_embedding_model_is_detected(search_env: Any) -> None:
@@ -218,9 +210,8 @@ async def test_a_different_embedding_model_is_detected(search_env: Any) -> None:
     with store.transaction() as db:
         store.set_meta(db, model="/models/other-embedder")
     async with Client(search_env[0]) as client:
-        result = await client.call_tool("search_code", {"query": "retry", "index": "othermodel"})
-        assert result.is_error and "other-embedder" in result.content[0].text  # type: ignore[union-attr]
-        lexical = await call(client, "search_code", query="retry", index="othermodel", mode="lexical")
+        assert "other-embedder" in await call_err(client, "search_code", query="retry", index="othermodel")
+        lexical = await call_ok(client, "search_code", query="retry", index="othermodel", mode="lexical")
         assert lexical["hits"]
 
 
@@ -247,7 +238,7 @@ async def test_large_index_tier_answers_like_the_exact_one_through_the_tool(sear
                 got[tier] = []
                 for c in cases:
                     for m in ("vector", "hybrid"):
-                        res = await call(client, "search_code", index="repo", mode=m, **c)
+                        res = await call_ok(client, "search_code", index="repo", mode=m, **c)
                         got[tier].append([(h["path"], h["start_line"]) for h in res["hits"]])
     finally:
         svc._faiss.pop("repo", None)  # the next search loads the index from disk again
