@@ -94,6 +94,7 @@ def test_a_query_of_common_words_only_still_returns_results(store: IndexStore, s
 def test_a_common_word_finds_the_chunks_it_names_first(store: IndexStore, small_budget: None) -> None:
     # "delete item" is in every copy of api.py; the chunks defining delete_item lead (symbol column, weight 10)
     hits = lexical(store, "delete item", 5, None)
+    assert hits  # `all` over no hits would pass
     rows = store.chunks([i for i, _ in hits])
     assert all(rows[i].symbol == "delete_item" for i, _ in hits)
 
@@ -125,5 +126,7 @@ def test_words_absent_from_the_index_return_nothing(store: IndexStore, small_bud
 
 def test_the_path_filter_still_applies(store: IndexStore, small_budget: None) -> None:
     allowed = {i for i, r in store.chunks(list(range(1, 2000))).items() if r.path.startswith("copy07/")}
+    assert allowed
     hits = lexical(store, "items", 10, allowed)
+    assert hits  # `all` over no hits would pass
     assert all(i in allowed for i, _ in hits)
