@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from gpubox.errors import BusyError, InvalidInputError, MissingExtraError, NotFoundError
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError, MissingExtraError, NotFoundError
 from gpubox.extras import is_available
 from gpubox.settings import Settings
 from gpubox.tools.bench import footprint, plots
@@ -108,10 +108,16 @@ class BenchService:
                 await anyio.sleep(2)
 
         try:
+            refused: GpuboxError | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(report)
-                await anyio.to_thread.run_sync(wait)
+                try:
+                    await anyio.to_thread.run_sync(wait)
+                except GpuboxError as exc:  # raised outside the group, so the client reads it unwrapped
+                    refused = exc
                 tg.cancel_scope.cancel()
+            if refused is not None:
+                raise refused
             while not self._lock.acquire(blocking=False):  # another queued caller won the slot first: queue again
                 self.ledger.release(owner)
                 await anyio.to_thread.run_sync(wait)

@@ -131,7 +131,7 @@ def register(mcp: MCPServer[Any]) -> None:
         st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
         deadline = time.monotonic() + wait_seconds
         start = (st.state, st.step)
-        while st.state in ACTIVE and (st.state, st.step) == start and time.monotonic() < deadline:
+        while st.state in (*ACTIVE, "queued") and (st.state, st.step) == start and time.monotonic() < deadline:
             await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
             await ctx.report_progress(st.step, st.total_steps, f"{st.state}: step {st.step}/{st.total_steps}")

