@@ -7,8 +7,7 @@ import pytest
 from mcp import Client
 
 from gpubox.tools.gpu.nvml import decode_throttle, gpu_status
-
-from .conftest import has_gpu
+from tests.conftest import call_ok, has_gpu
 
 pytestmark = pytest.mark.anyio
 
@@ -16,10 +15,7 @@ pytestmark = pytest.mark.anyio
 async def test_gpu_status_reports_a_missing_gpu_as_data_not_an_error(client: Client) -> None:
     if has_gpu():
         pytest.skip("this machine has a GPU")
-    result = await client.call_tool("gpu_status", {})
-    assert not result.is_error
-    data = result.structured_content
-    assert data is not None
+    data = await call_ok(client, "gpu_status")
     assert data["available"] is False
     assert "NVML" in data["reason"]
     assert data["gpus"] == []
@@ -32,8 +28,7 @@ async def test_gpu_status_resource_carries_the_same_fields_as_the_tool(client: C
 
     res = await client.read_resource("gpu://status")
     body = json.loads(res.contents[0].text)  # type: ignore[union-attr]
-    tool = (await client.call_tool("gpu_status", {})).structured_content
-    assert tool is not None
+    tool = await call_ok(client, "gpu_status")
     assert set(body) == set(tool)
     assert body["available"] == tool["available"]
 

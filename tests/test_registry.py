@@ -14,8 +14,7 @@ from gpubox.app import build_server, state_of
 from gpubox.errors import BusyError
 from gpubox.registry import gpubox_resource
 from gpubox.settings import Settings
-
-from .conftest import requires_models, requires_search
+from tests.conftest import call_err, call_ok, requires_models, requires_search
 
 pytestmark = pytest.mark.anyio
 
@@ -70,9 +69,7 @@ async def test_a_configuration_error_in_a_resource_is_a_protocol_error_with_the_
 
 
 async def test_an_input_error_in_a_tool_stays_a_tool_error_the_model_can_read(client: Client) -> None:
-    result = await client.call_tool("estimate_inference", {"model": "no-such-model-zz"})
-    assert result.is_error
-    assert "unknown model 'no-such-model-zz'" in result.content[0].text  # type: ignore[union-attr]
+    assert "unknown model 'no-such-model-zz'" in await call_err(client, "estimate_inference", model="no-such-model-zz")
 
 
 async def test_other_gpubox_errors_in_a_resource_keep_their_message_and_crashes_stay_masked(
@@ -109,8 +106,7 @@ async def test_reading_an_unknown_index_names_it_and_the_indexes_that_exist(sett
     mcp = build_server(settings.model_copy(update={"search_index_wait_seconds": 300.0}))
     try:
         async with Client(mcp) as client:
-            made = await client.call_tool("search_index", {"path": str(repo), "name": "tiny"})
-            assert not made.is_error, made.content
+            await call_ok(client, "search_index", path=str(repo), name="tiny")
             with pytest.raises(MCPError) as err:
                 await client.read_resource("search://indexes/tin")
         assert err.value.code == INVALID_PARAMS

@@ -13,6 +13,7 @@ from gpubox.app import build_server
 from gpubox.settings import Settings
 from gpubox.tools.gpu.idle import IdleGuard
 from gpubox.tools.gpu.session import SessionMeter
+from tests.conftest import call_ok, wait_until
 
 
 class Clock:
@@ -166,8 +167,7 @@ async def test_gpu_status_and_box_session_carry_the_meter(tmp_path: Path) -> Non
     mcp = build_server(_settings(tmp_path, hourly_usd=3.0, budget_usd=10.0))
     try:
         async with Client(mcp) as client:
-            result = await client.call_tool("gpu_status", {})
-            session = result.structured_content["session"]  # type: ignore[index]
+            session = (await call_ok(client, "gpu_status"))["session"]
             assert session["usd_per_hour"] == 3.0 and session["budget_usd"] == 10.0
             assert session["cost_usd"] >= 0
             contents = await client.read_resource("box://session")
@@ -208,7 +208,7 @@ async def test_a_real_indexing_run_shows_up_in_the_session_meter(tmp_path: Path)
     meter = mcp.state.service("session", SessionMeter)
     try:
         async with Client(mcp) as client:
-            await client.call_tool("search_index", {"path": str(repo), "name": "repo"})
+            await call_ok(client, "search_index", path=str(repo), name="repo")
             svc = mcp.state.peek("search")
             assert svc is not None
             for progress in list(svc._jobs.values()):
@@ -230,7 +230,6 @@ async def anyio_wait(event: object) -> None:
 
 @pytest.mark.anyio
 async def test_the_idle_warning_reaches_a_connected_client_as_an_mcp_log_message(tmp_path: Path) -> None:
-    import anyio
 
     received: list[object] = []
 
@@ -242,15 +241,13 @@ async def test_the_idle_warning_reaches_a_connected_client_as_an_mcp_log_message
     try:
         # unsolicited notifications ride handshake-era sessions; 2026-07-28 sessions only get them inside requests
         async with Client(mcp, mode="legacy", logging_callback=on_log) as client:
-            await client.call_tool("gpu_status", {})  # the middleware records this session
+            await call_ok(client, "gpu_status")  # the middleware records this session
             meter = mcp.state.service("session", SessionMeter)
             guard = mcp.state.peek("idle_guard")
             assert isinstance(guard, IdleGuard)
             meter.last_request -= 3600
             assert guard.check().state == "warned"
-            with anyio.fail_after(10):
-                while not received:
-                    await anyio.sleep(0.05)
+            await wait_until(lambda: received, timeout=10)
         text = str(getattr(received[0], "data", ""))
         assert "no request for" in text and "dry run" in text
     finally:

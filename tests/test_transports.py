@@ -12,7 +12,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from .conftest import GPUBOX, child_env
+from tests.conftest import GPUBOX, call_ok, child_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -35,9 +35,7 @@ async def test_stdio_server_answers_the_official_client(tmp_path: Path, mode: st
     async with Client(params, mode=mode) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert "gpu_status" in names
-        result = await client.call_tool("gpu_status", {})
-        assert not result.is_error and result.structured_content is not None
-        assert "host" in result.structured_content
+        assert "host" in await call_ok(client, "gpu_status")
 
 
 async def test_http_without_a_token_gets_401(http_server: tuple[str, str]) -> None:
@@ -82,8 +80,7 @@ async def test_streamable_http_with_the_token_runs_tools(http_server: tuple[str,
     base, token = http_server
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=120))
     async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
-        result = await client.call_tool("gpu_status", {})
-        assert not result.is_error and result.structured_content is not None
+        await call_ok(client, "gpu_status")
 
 
 async def test_sse_endpoint_with_the_token_runs_tools(http_server: tuple[str, str]) -> None:
@@ -91,8 +88,7 @@ async def test_sse_endpoint_with_the_token_runs_tools(http_server: tuple[str, st
     async with Client(sse_client(f"{base}/sse", headers={"Authorization": f"Bearer {token}"})) as client:
         res = await client.read_resource("gpu://status")
         assert "available" in res.contents[0].text  # type: ignore[union-attr]
-        result = await client.call_tool("gpu_status", {})
-        assert not result.is_error
+        await call_ok(client, "gpu_status")
 
 
 def test_binding_all_interfaces_without_a_token_is_refused(tmp_path: Path) -> None:
