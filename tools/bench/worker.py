@@ -4,23 +4,18 @@
 
 Kernels run out of the server's process so that a hung kernel, a CUDA error or an out-of-memory abort kills
 only the worker; the server enforces a time limit and kills the worker's whole process group on overrun.
-`run_worker` is the server side; it awaits the child without blocking the event loop.
+`run_worker` is the server side (on gpubox.child.run_child); it awaits the child without blocking the event loop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from subprocess import PIPE
 from typing import Any
 
-import anyio
+from gpubox.child import python_module, run_child
 
 TASKS = ("attention", "device")
 
@@ -42,73 +37,40 @@ async def run_worker(
     """Run `task` in a fresh interpreter; kill its process group after `time_limit_s` (or when cancelled)."""
     if task not in TASKS:
         raise ValueError(task)
-    started = time.monotonic()
     outcome = WorkerOutcome(status="complete")
-    stderr = bytearray()
-    proc = await anyio.open_process(
-        [sys.executable, "-m", "gpubox.tools.bench.worker", task],
-        stdin=PIPE,
-        stdout=PIPE,
-        stderr=PIPE,
-        start_new_session=True,  # its own process group, so kernels' helper processes die with it
-    )
-    assert proc.stdin and proc.stdout and proc.stderr
-    stdout, errout = proc.stdout, proc.stderr
+    stray: list[str] = []  # stdout lines that are not events: a library printed to stdout
 
-    async def read_events() -> None:
-        buf = b""
-        async for chunk in stdout:
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    stderr.extend(line + b"\n")  # a library printed to stdout
-                    continue
-                outcome.events.append(event)
-                if on_event is not None:
-                    await on_event(event)
+    async def on_line(line: str) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            stray.append(line)
+            del stray[:-20]
+            return
+        outcome.events.append(event)
+        if on_event is not None:
+            await on_event(event)
 
-    async def read_stderr() -> None:
-        async for chunk in errout:
-            stderr.extend(chunk)
-            del stderr[:-20_000]
-
-    try:
-        with anyio.move_on_after(time_limit_s) as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read_events)
-                tg.start_soon(read_stderr)
-                await proc.stdin.send(json.dumps(params).encode())
-                await proc.stdin.aclose()
-                await proc.wait()
-        if scope.cancelled_caught:
-            outcome.status = "timed_out"
-            outcome.message = (
-                f"the worker ran past its time limit of {time_limit_s:g} s and was killed; results so far are "
-                "kept. Raise time_limit_s, or measure fewer shapes/backends or fewer iterations."
-            )
-    finally:
-        if proc.returncode is None:
-            kill_group(proc.pid)
-            with anyio.CancelScope(shield=True):
-                await proc.wait()
-    outcome.elapsed_s = time.monotonic() - started
+    # its own process group (run_child), so kernels' helper processes die with it
+    cmd = python_module("gpubox.tools.bench.worker", task)
+    run = await run_child(cmd, time_limit_s=time_limit_s, on_line=on_line, stdin=json.dumps(params).encode())
+    outcome.elapsed_s = run.elapsed_s
+    if run.timed_out:
+        outcome.status = "timed_out"
+        outcome.message = (
+            f"the worker ran past its time limit of {time_limit_s:g} s and was killed; results so far are "
+            "kept. Raise time_limit_s, or measure fewer shapes/backends or fewer iterations."
+        )
+        return outcome
     errors = [e["message"] for e in outcome.events if e.get("type") == "error"]
-    if outcome.status == "complete" and (proc.returncode != 0 or errors):
+    if run.returncode != 0 or errors:
         outcome.status = "failed"
-        tail = stderr.decode(errors="replace").strip().splitlines()[-8:]
-        why = errors[0] if errors else f"the worker exited with code {proc.returncode}"
+        tail = [*stray, *run.stderr.strip().splitlines()][-8:]
+        why = errors[0] if errors else f"the worker exited with code {run.returncode}"
         outcome.message = why + (": " + " / ".join(tail) if tail and not errors else "")
     return outcome
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def main() -> None:

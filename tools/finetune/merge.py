@@ -11,22 +11,17 @@ jobs: merging into a 4-bit base rounds the merged weights to NF4 again and corru
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import anyio
 from pydantic import BaseModel, Field
 
+from gpubox.child import python_module, run_child
 from gpubox.errors import BusyError, CapacityError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
 from gpubox.tools.finetune.gguf_export import CONVERTER_HINT, OutType, check_exportable
@@ -290,45 +285,21 @@ class Merger:
 
     async def _child(self, tmp: Path, time_limit_s: float, progress: Progress) -> list[str]:
         """Run the export process, forwarding its 'progress i/n text' lines; killed on timeout or cancel."""
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "gpubox.tools.finetune.export", str(tmp / "spec.json")]
-        log: list[str] = []
-        proc = await anyio.open_process(
-            cmd, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, cwd=str(tmp), start_new_session=True
-        )
-        try:
-            assert proc.stdout is not None
-            with anyio.move_on_after(time_limit_s) as scope:
-                buf = b""
-                async for chunk in proc.stdout:
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        line = raw.decode("utf-8", "replace")
-                        log.append(line)
-                        del log[:-200]
-                        if line.startswith("progress "):
-                            step, _, text = line[9:].partition(" ")
-                            done, _, total = step.partition("/")
-                            await progress(float(done), float(total), text)
-                await proc.wait()
-            if scope.cancelled_caught:
-                raise CapacityError(
-                    f"the merge ran past time_limit_s={time_limit_s:g} s and was stopped; nothing was kept. "
-                    "Give it a larger time_limit_s (a 7B model takes minutes on a GPU box, longer on CPU)"
-                )
-            return log
-        finally:
-            if proc.returncode is None:
-                with anyio.CancelScope(shield=True):
-                    _kill_group(proc.pid)
-                    with anyio.move_on_after(10):
-                        await proc.wait()
 
+        async def on_line(line: str) -> None:
+            if line.startswith("progress "):
+                step, _, text = line[9:].partition(" ")
+                done, _, total = step.partition("/")
+                await progress(float(done), float(total), text)
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        cmd = python_module("gpubox.tools.finetune.export", str(tmp / "spec.json"))
+        out = await run_child(cmd, time_limit_s=time_limit_s, on_line=on_line, stderr_to_stdout=True, cwd=tmp)
+        if out.timed_out:
+            raise CapacityError(
+                f"the merge ran past time_limit_s={time_limit_s:g} s and was stopped; nothing was kept. "
+                "Give it a larger time_limit_s (a 7B model takes minutes on a GPU box, longer on CPU)"
+            )
+        return out.lines
 
 
 def _size(path: Path) -> int:
