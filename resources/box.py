@@ -1,11 +1,14 @@
-"""box://session: the session meter alone (cost so far, budget, GPU busy share, what used the GPU)."""
+"""box://session: the session meter (cost so far, budget, GPU busy share, what used the GPU) and the box ledger
+(memory reserved per device, by whom, next to what the device shows)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
+from gpubox import services
 from gpubox.errors import ConfigError
 from gpubox.registry import gpubox_resource
 from gpubox.tools.gpu.adapter import session_meter
@@ -15,8 +18,10 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_resource(mcp, "box://session", name="box_session", title="Box session", mime_type="application/json")
     def box_session() -> str:
         """This server session's cost and GPU use: price and its source, cost so far, budget left and when it
-        runs out, GPU busy share and idle minutes, minutes per kind of work."""
+        runs out, GPU busy share and idle minutes, minutes per kind of work; under `memory`, the box ledger."""
         state = getattr(mcp, "state", None)
         if state is None:
             raise ConfigError("this server was not built by gpubox.app.build_server; it has no session meter")
-        return session_meter(state).report().model_dump_json(indent=2)
+        report = session_meter(state).report().model_dump(mode="json")
+        report["memory"] = services.ledger(state).state().model_dump(mode="json")
+        return json.dumps(report, indent=2)

@@ -17,11 +17,12 @@ if TYPE_CHECKING:
     from gpubox.tools.estimate.service import Estimator
     from gpubox.tools.finetune.merge import Merger
     from gpubox.tools.finetune.service import Finetuner
+    from gpubox.tools.gpu.idle import IdleGuard
     from gpubox.tools.gpu.session import SessionMeter
     from gpubox.tools.inference.manager import ModelManager
     from gpubox.tools.search.service import SearchService
 
-LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION = (
+LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION, IDLE = (
     "ledger",
     "estimate",
     "search",
@@ -30,6 +31,7 @@ LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION = (
     "finetune_merge",
     "bench",
     "session",
+    "idle_guard",
 )
 
 
@@ -108,3 +110,10 @@ def session_meter(state: AppState) -> SessionMeter:
     from gpubox.tools.gpu.session import SessionMeter
 
     return state.service(SESSION, SessionMeter)
+
+
+def idle_guard(state: AppState) -> IdleGuard:
+    """The idle guard watching this server's session meter (started by the GPU family when configured)."""
+    from gpubox.tools.gpu.idle import IdleGuard
+
+    return state.service(IDLE, lambda s: IdleGuard(session_meter(state), s))

@@ -16,12 +16,14 @@ class Holding(BaseModel):
     kind: Kind
     devices: dict[str, float] = Field(description="GB reserved per device ('host', 'cuda:0', ...)")
     started: str = Field(description="When the reservation was made, UTC")
-    pinned: bool = Field(False, description="Never evicted to make room")
-    pid: int | None = Field(None, description="Process holding the memory; the reservation ends when it exits")
-    pid_started: float | None = Field(None, description="That process's start time (guards against pid reuse)")
+    pinned: bool = Field(default=False, description="Never evicted to make room")
+    pid: int | None = Field(default=None, description="Process holding the memory; the reservation ends when it exits")
+    pid_started: float | None = Field(default=None, description="That process's start time (guards against pid reuse)")
     frees_with: str = Field(description="The call that ends this work and frees its memory")
-    source: str = Field("estimator", description="Where the size comes from: 'estimator' or a measurement")
-    measured_gb: dict[str, float] | None = Field(None, description="Memory the device shows for it, when measurable")
+    source: str = Field(default="estimator", description="Where the size comes from: 'estimator' or a measurement")
+    measured_gb: dict[str, float] | None = Field(
+        default=None, description="Memory the device shows for it, when measurable"
+    )
 
 
 class DeviceAccount(BaseModel):
@@ -31,7 +33,9 @@ class DeviceAccount(BaseModel):
     reserved_gb: float
     external_gb: float = Field(description="Memory in use by processes gpubox does not own, as the device shows")
     free_gb: float = Field(description="What a new reservation may take now")
-    measured_gb: float | None = Field(None, description="Memory gpubox's own processes use, as the device shows")
+    measured_gb: float | None = Field(
+        default=None, description="Memory gpubox's own processes use, as the device shows"
+    )
 
 
 class Blocker(BaseModel):
@@ -61,4 +65,6 @@ class BoxPlan(BaseModel):
     box: BoxState
     action: str | None = None
     admission: Admission | None = None
-    plan: dict[str, object] | None = Field(None, description="The family's own plan for the action, when it made one")
+    plan: dict[str, object] | None = Field(
+        default=None, description="The family's own plan for the action, when it made one"
+    )

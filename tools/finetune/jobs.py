@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -180,3 +181,19 @@ def read_metrics(job_dir: Path) -> list[dict[str, Any]]:
 def append_metric(job_dir: Path, record: dict[str, Any]) -> None:
     with (job_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def gone(pid: int, started: float | None, timeout: float) -> bool:
+    """For a worker this process did not start (it outlived a restart): poll its liveness."""
+    if not alive(pid, started):
+        return True
+    time.sleep(timeout)  # no handle to wait on a process that is not our child
+    return not alive(pid, started)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError
 from gpubox.paths import resolve_inside
@@ -17,6 +17,10 @@ from gpubox.tools.finetune import data
 from gpubox.tools.finetune.base import hf_ready
 from gpubox.tools.finetune.schemas import FORMATS_FOR, DatasetSummary, FinetuneRequest, ResolvedBase
 from gpubox.tools.inference.registry import check_model_folder
+
+if TYPE_CHECKING:
+    from gpubox.tools.estimate.schemas import TrainingEstimate, TrainingOnGpu
+    from gpubox.tools.estimate.service import Estimator
 
 CPU_MICRO_BATCH = 4  # CPU training is compute-bound long before RAM runs out; 4 keeps steps short
 
@@ -104,10 +108,10 @@ def summarise(
     return summary, rows, train_tokens
 
 
-def estimator_model(estimator: Any, base: ResolvedBase) -> str:
+def estimator_model(estimator: Estimator, base: ResolvedBase) -> str:
     """How the estimator can read this base: its catalog entry (the bundled GGUF and the dequantized copies live
     outside the allowed roots the estimator reads), else the file or folder itself."""
-    models = getattr(getattr(estimator, "catalog", None), "models", {}) or {}
+    models = estimator.catalog.models
     matches = [m for m in models if base.name.startswith(m.lower())]
     if matches:
         return max(matches, key=len)
@@ -115,8 +119,8 @@ def estimator_model(estimator: Any, base: ResolvedBase) -> str:
 
 
 def estimate(
-    estimator: Any, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int, device: str
-) -> Any:
+    estimator: Estimator, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int, device: str
+) -> TrainingEstimate:
     """The estimator's TrainingEstimate for this request, or raise GpuboxError."""
     from gpubox.tools.estimate.requests import TrainingRequest
 
@@ -129,15 +133,15 @@ def estimate(
 
 
 def layout(
-    req: FinetuneRequest, device: str, train_rows: int, train_tokens: int, est_result: Any
+    req: FinetuneRequest, device: str, train_rows: int, train_tokens: int, est_result: TrainingOnGpu | None
 ) -> tuple[int, int, bool, int, str]:
     """(micro-batch, accumulation, checkpointing, total steps, why this micro-batch)."""
     if isinstance(req.per_device_train_batch_size, int):
         micro, why = req.per_device_train_batch_size, "set in the request"
-    elif est_result is not None and getattr(est_result, "micro_batch", None):
-        micro = int(est_result.micro_batch)
-        why = f"the estimator's planner for {getattr(est_result, 'gpu', device)}" + (
-            f" ({est_result.calibration})" if getattr(est_result, "calibration", None) else ""
+    elif est_result is not None and est_result.micro_batch:
+        micro = est_result.micro_batch
+        why = f"the estimator's planner for {est_result.gpu}" + (
+            f" ({est_result.calibration})" if est_result.calibration else ""
         )
         if device == "cpu":
             micro = min(micro, CPU_MICRO_BATCH)
@@ -154,36 +158,43 @@ def layout(
     else:
         accum = 1
     if req.gradient_checkpointing == "auto":
-        checkpointing = bool(getattr(est_result, "memory", None) and device == "cuda" and _needs_gc(est_result))
+        checkpointing = est_result is not None and device == "cuda" and _needs_gc(est_result)
     else:
         checkpointing = bool(req.gradient_checkpointing)
     steps = req.max_steps or max(1, math.ceil(math.ceil(samples / (micro * nproc)) / accum * req.num_train_epochs))
     return micro, accum, checkpointing, steps, why
 
 
-def _needs_gc(est_result: Any) -> bool:
-    without = getattr(est_result, "without_checkpointing", None) or []
-    micro = getattr(est_result, "micro_batch", None)
-    return not any(c.micro_batch == micro and c.status == "fits" for c in without)
+def _needs_gc(est_result: TrainingOnGpu) -> bool:
+    micro = est_result.micro_batch
+    return not any(c.micro_batch == micro and c.status == "fits" for c in est_result.without_checkpointing)
 
 
-def memory_at(est_result: Any, micro: int) -> float | None:
+def memory_at(est_result: TrainingOnGpu | None, micro: int) -> float | None:
     """The planner's memory total at the micro-batch actually chosen (which may be below its own choice)."""
     if est_result is None:
         return None
-    for c in getattr(est_result, "candidates", None) or []:
+    for c in est_result.candidates:
         if c.micro_batch == micro:
             return c.total_gb
     return est_result.memory.total_gb if est_result.micro_batch == micro else None
 
 
 def estimate_or_warning(
-    estimator: Any, req: FinetuneRequest, base: ResolvedBase, rows: int, tokens: int, device: str, warnings: list[str]
-) -> tuple[Any, Any]:
+    estimator: Estimator | None,
+    req: FinetuneRequest,
+    base: ResolvedBase,
+    rows: int,
+    tokens: int,
+    device: str,
+    warnings: list[str],
+) -> tuple[TrainingEstimate | None, TrainingOnGpu | None]:
+    if estimator is None:
+        warnings.append("no memory/time estimate: no estimator was given")
+        return None, None
     try:
         est = estimate(estimator, req, base, rows, tokens, device)
     except (GpuboxError, TypeError, ValueError) as exc:
         warnings.append(f"no memory/time estimate: {exc}")
         return None, None
-    results = getattr(est, "results", None) or []
-    return est, results[0] if results else None
+    return est, est.results[0] if est.results else None

@@ -23,14 +23,15 @@ from typing import Any
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, alive, log_tail, read_metrics
-from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ProbeResult
+from gpubox.tools.finetune.jobs import JobStore, alive, exited, gone, log_tail, read_metrics
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.finetune.status import next_step, read_status
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
 
 log = logging.getLogger("gpubox.finetune")
-EMA = 0.8
 CANCEL_MARK = "cancel-requested"
 
 
@@ -69,7 +70,7 @@ class Finetuner:
 
         return discover([*self.settings.model_dirs, self.settings.state_dir / "models"])
 
-    def plan(self, req: FinetuneRequest, estimator: Any = None) -> FinetunePlan:
+    def plan(self, req: FinetuneRequest, estimator: Estimator | None = None) -> FinetunePlan:
         # cheapest refusals first: the request alone, the device, the base model; the dataset is read last
         planner.check_request(req)
         status = gpu_status()
@@ -110,9 +111,9 @@ class Finetuner:
             total_steps=steps,
             batch_source=why,
             estimated_memory_gb=planner.memory_at(on, micro),
-            estimated_tokens_per_s=getattr(on, "tokens_per_s", None),
-            estimated_hours=getattr(on, "wall_hours", None),
-            estimate=est.model_dump(mode="json") if est is not None and hasattr(est, "model_dump") else None,
+            estimated_tokens_per_s=on.tokens_per_s if on is not None else None,
+            estimated_hours=on.wall_hours if on is not None else None,
+            estimate=est.model_dump(mode="json") if est is not None else None,
             dataset=summary,
             speed_options={
                 "packing": req.packing,
@@ -246,7 +247,7 @@ class Finetuner:
         self.ledger.update(admission.owner(job_id), pid=proc.pid)  # the worker holds the memory from now on
         # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
         # that stops while the job trains on does not warn about a child still running
-        self._watch(job_id, lambda timeout: _exited(proc, timeout))
+        self._watch(job_id, lambda timeout: exited(proc, timeout))
 
     def _watch(self, job_id: str, exited: Callable[[float], bool]) -> None:
         """Until the worker exits: resize its reservation to the probe's measurement once taken; then release its
@@ -306,7 +307,7 @@ class Finetuner:
             try:
                 if row["state"] in ACTIVE and alive(row["pid"], row["pid_started"]):
                     pid, started = row["pid"], row["pid_started"]
-                    self._watch(row["id"], lambda t, p=pid, s0=started: _gone(p, s0, t))
+                    self._watch(row["id"], lambda t, p=pid, s0=started: gone(p, s0, t))
                 elif not row["calibrated"] or not row["probe_calibrated"]:
                     self._settle(row["id"])
             except Exception:
@@ -327,61 +328,12 @@ class Finetuner:
         if settled and watched is not None and row["state"] not in (*ACTIVE, "queued"):
             watched.wait(30)
         job_dir = self.store.job_dir(job_id)
-        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
-        metrics = read_metrics(job_dir)
-        st = JobStatus(
-            job_id=job_id,
-            state=row["state"],
-            adapter_name=row["adapter_name"],
-            base_model=row["base_model"],
-            method=row["method"],
-            created=row["created"],
-            total_steps=cfg["total_steps"],
-            per_device_train_batch_size=cfg["per_device_train_batch_size"],
-            gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
-            error=row["error"],
-            num_processes=cfg.get("num_processes", 1),
-        )
-        smoothed = None
-        started = None
-        for m in metrics:
-            if "probe" in m:
-                st.probe = ProbeResult.model_validate(m["probe"])
-                continue
-            if "event" in m:
-                st.events.append(m["event"])
-                if m["event"].startswith("training started"):
-                    started = (m.get("t"), _step_of(m["event"]))
-                st.per_device_train_batch_size = m.get("per_device_train_batch_size", st.per_device_train_batch_size)
-                st.gradient_accumulation_steps = m.get("gradient_accumulation_steps", st.gradient_accumulation_steps)
-                continue
-            st.step, st.epoch = m.get("step", st.step), m.get("epoch", st.epoch)
-            st.tokens_per_s = m.get("tokens_per_s") or st.tokens_per_s
-            st.peak_memory_gb = max(st.peak_memory_gb or 0, m.get("peak_memory_gb") or 0) or None
-            if "loss" in m:
-                st.loss = m["loss"]
-                st.first_loss = st.first_loss if st.first_loss is not None else m["loss"]
-                smoothed = m["loss"] if smoothed is None else EMA * smoothed + (1 - EMA) * m["loss"]
-            st.eval_loss = m.get("eval_loss", st.eval_loss)
-            st.learning_rate = m.get("learning_rate", st.learning_rate)
-            if started and started[0] and st.step > started[1]:
-                st.elapsed_s = round(m["t"] - started[0], 1)
-                per_step = st.elapsed_s / (st.step - started[1])
-                st.eta_s = round(per_step * max(0, cfg["total_steps"] - st.step), 1)
-        st.smoothed_loss = round(smoothed, 4) if smoothed is not None else None
-        ckpt = job_dir / "checkpoints"
-        st.checkpoints = sorted((p.name for p in ckpt.glob("checkpoint-*")), key=_step_of) if ckpt.is_dir() else []
-        result = json.loads(row["result"]) if row["result"] else {}
-        if row["state"] == "completed":
-            st.adapter_path = result.get("adapter_path")
-            st.eta_s = 0.0
-            if result.get("peak_memory_gb"):
-                st.peak_memory_gb = result["peak_memory_gb"]
+        st = read_status(job_id, row, job_dir)
         if row["state"] == "queued":
             st.queue_position = self.queue.position(job_id)
         if include_log or row["state"] == "failed":
             st.log_tail = log_tail(job_dir)
-        st.next_step = _next_step(st)
+        st.next_step = next_step(st)
         return st
 
     def list(self, limit: int | None = None) -> JobList:
@@ -436,22 +388,6 @@ class Finetuner:
         """Nothing to stop: workers are detached on purpose and keep training when the server stops."""
 
 
-def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
-def _gone(pid: int, started: float | None, timeout: float) -> bool:
-    """For a worker this process did not start (it outlived a restart): poll its liveness."""
-    if not alive(pid, started):
-        return True
-    time.sleep(timeout)  # no handle to wait on a process that is not our child
-    return not alive(pid, started)
-
-
 def _installed(module: str) -> bool:
     import importlib.util
 
@@ -468,18 +404,3 @@ def _append_event(job_dir: Path, event: str) -> None:
     from gpubox.tools.finetune.jobs import append_metric
 
     append_metric(job_dir, {"event": event, "t": time.time()})
-
-
-def _step_of(text: str) -> int:
-    digits = "".join(c if c.isdigit() else " " for c in text).split()
-    return int(digits[-1]) if digits else 0
-
-
-def _next_step(st: JobStatus) -> str:
-    if st.state in ACTIVE:
-        return f"poll with finetune_status job_id='{st.job_id}' wait_seconds=60, or stop with finetune_cancel"
-    if st.state == "completed":
-        return f"infer_load name='{st.adapter_name}', then infer_chat model='{st.adapter_name}'"
-    if st.state == "cancelled":
-        return f"finetune_resume job_id='{st.job_id}' continues from the last checkpoint"
-    return f"read log_tail; fix the cause, then finetune_resume job_id='{st.job_id}' or plan again"

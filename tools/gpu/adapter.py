@@ -9,7 +9,6 @@ from mcp.server.mcpserver import MCPServer
 from gpubox import services
 from gpubox.registry import READ_ONLY, gpubox_tool
 from gpubox.state import AppState
-from gpubox.tools.gpu.idle import IdleGuard
 from gpubox.tools.gpu.nvml import gpu_status as read_gpu_status
 from gpubox.tools.gpu.schemas import GpuStatus
 from gpubox.tools.gpu.session import SessionMeter
@@ -72,7 +71,7 @@ def register(mcp: MCPServer[Any]) -> None:
         meter = session_meter(state)
         wire_probes(state, meter)
         if state.settings.idle_shutdown_minutes is not None:
-            state.service("idle_guard", lambda s: IdleGuard(meter, s)).start()
+            services.idle_guard(state).start()
     mcp.middleware.append(_RequestMeter())
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU status")

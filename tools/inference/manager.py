@@ -19,27 +19,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from gpubox.errors import CapacityError, GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.errors import CapacityError, InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.paths import open_inside
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
-from gpubox.tools.inference.backends import LlamaBackend, TransformersBackend
-from gpubox.tools.inference.planning import plan
+from gpubox.tools.inference.planning import Backend, open_backend, plan
 from gpubox.tools.inference.registry import (
     DEFAULT_MODEL,
     Discovered,
     MetaCache,
+    describe,
     discover,
     inside_roots,
     is_hf_folder,
-    size_of,
 )
 from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
-Backend = LlamaBackend | TransformersBackend
 
 
 def iso(ts: float) -> str:
@@ -104,42 +102,8 @@ class ModelManager:
         return discover(self.dirs, self.roots())
 
     def entry(self, d: Discovered) -> ModelEntry:
-        arch = params = quant = ctx = problem = None
-        template = False
-        try:
-            if d.format == "gguf":
-                rm = self.meta.gguf(d.path)
-                arch, params, quant, ctx = rm.shape.source, rm.shape.params(), rm.weight_format, rm.shape.max_context
-                template = rm.chat_template
-            elif d.format == "hf":
-                cfg = self.meta.json_file(d.path / "config.json")
-                arch = str((cfg.get("architectures") or [cfg.get("model_type")])[0])
-                mp = cfg.get("max_position_embeddings")
-                ctx = mp if isinstance(mp, int) else None
-                qc = cfg.get("quantization_config")
-                quant = (qc.get("quant_method") if isinstance(qc, dict) else None) or str(cfg.get("torch_dtype", ""))
-                tok = d.path / "tokenizer_config.json"
-                template = (d.path / "chat_template.jinja").is_file() or (
-                    tok.is_file() and "chat_template" in self.meta.json_file(tok)
-                )
-        except (GpuboxError, OSError, LookupError, TypeError, ValueError) as exc:  # listed with the reason, not fatal
-            problem = str(exc)
         r = self.resident.get(d.name)
-        return ModelEntry(
-            name=d.name,
-            path=str(d.path),
-            format=d.format,
-            architecture=arch,
-            params=params,
-            quantization=quant,
-            context_length=ctx,
-            size_bytes=size_of(d),
-            chat_template=template,
-            base_model=d.base_model,
-            bundled=d.bundled,
-            loaded=r.info() if r else None,
-            problem=problem,
-        )
+        return describe(self.meta, d, r.info() if r else None)
 
     def list(self) -> ModelList:
         return ModelList(
@@ -229,7 +193,7 @@ class ModelManager:
             evicted = self._make_room(key, p.estimated_memory_gb)
             evicted += self._reserve(key, p, pin)
             try:
-                be = self._open(d, adapter_d, chosen, p, kv_cache_type, quantization)
+                be = open_backend(self.settings, d, adapter_d, chosen, p, kv_cache_type, quantization)
             except BaseException:
                 self.ledger.release(owner_of(key))
                 raise
@@ -290,32 +254,6 @@ class ModelManager:
         if adapter_d is not None:
             inside_roots(adapter_d.path, roots, what="adapter folder")
             self.meta.json_file(adapter_d.path / "adapter_config.json")
-
-    def _open(
-        self,
-        d: Discovered,
-        adapter_d: Discovered | None,
-        chosen: str,
-        p: LoadPlan,
-        kv_cache_type: str,
-        quantization: Literal["4bit", "8bit"] | None,
-    ) -> Backend:
-        import psutil
-
-        try:
-            if chosen == "llama.cpp":
-                lora = adapter_d.path / "adapter.gguf" if adapter_d else None
-                # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
-                threads = self.settings.infer_threads or psutil.cpu_count(logical=False) or 1
-                return LlamaBackend(d.path, p.context_length, p.n_gpu_layers, kv_cache_type, threads, lora)
-            return TransformersBackend(d.path, quantization, adapter_d.path if adapter_d else None, p.context_length)
-        except GpuboxError:
-            raise
-        except MemoryError as exc:
-            raise CapacityError(f"out of memory loading {d.name}; unload other models or pick a smaller one") from exc
-        except Exception as exc:  # a broken or unsupported file: name it and the problem, not a traceback
-            what = f"{d.path}" + (f" with adapter {adapter_d.path}" if adapter_d else "")
-            raise InvalidInputError(f"{what} could not be loaded by {chosen}: {type(exc).__name__}: {exc}") from exc
 
     def _make_room(self, key: str, need_gb: float) -> list[str]:
         budget = self.settings.infer_memory_budget_gb

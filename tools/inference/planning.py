@@ -1,18 +1,24 @@
-"""The load plan: backend, device, GPU layers and context from the estimator's fit on the free VRAM."""
+"""The load plan (backend, device, GPU layers and context from the estimator's fit on the free VRAM), and opening
+the backend it chose."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import psutil
 
-from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.settings import Settings
 from gpubox.tools.estimate import inference as est_inf
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.targets import local_spec
 from gpubox.tools.gpu.devices import local_gpus
 from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.tools.inference.backends import LlamaBackend, TransformersBackend
 from gpubox.tools.inference.registry import Discovered, MetaCache, size_of
 from gpubox.tools.inference.schemas import LoadPlan
+
+Backend = LlamaBackend | TransformersBackend
 
 
 def plan(
@@ -111,3 +117,28 @@ def plan(
         fits=fit.fits,
         reason=f"estimator fit on {free:.1f} GB free ({gpu.id}): margin {fit.margin_gb:.2f} GB",
     )
+
+
+def open_backend(
+    settings: Settings,
+    d: Discovered,
+    adapter_d: Discovered | None,
+    chosen: str,
+    p: LoadPlan,
+    kv_cache_type: str,
+    quantization: Literal["4bit", "8bit"] | None,
+) -> Backend:
+    try:
+        if chosen == "llama.cpp":
+            lora = adapter_d.path / "adapter.gguf" if adapter_d else None
+            # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
+            threads = settings.infer_threads or psutil.cpu_count(logical=False) or 1
+            return LlamaBackend(d.path, p.context_length, p.n_gpu_layers, kv_cache_type, threads, lora)
+        return TransformersBackend(d.path, quantization, adapter_d.path if adapter_d else None, p.context_length)
+    except GpuboxError:
+        raise
+    except MemoryError as exc:
+        raise CapacityError(f"out of memory loading {d.name}; unload other models or pick a smaller one") from exc
+    except Exception as exc:  # a broken or unsupported file: name it and the problem, not a traceback
+        what = f"{d.path}" + (f" with adapter {adapter_d.path}" if adapter_d else "")
+        raise InvalidInputError(f"{what} could not be loaded by {chosen}: {type(exc).__name__}: {exc}") from exc

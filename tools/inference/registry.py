@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from gpubox.bundled import smollm2_gguf
-from gpubox.errors import InvalidInputError, NotFoundError, PathNotAllowedError
+from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError, PathNotAllowedError
 from gpubox.paths import NAME_MAX, check_tree_inside, open_inside, resolve_inside
 from gpubox.tools.estimate.modelinfo import ResolvedModel, read_gguf
+from gpubox.tools.inference.schemas import LoadedInfo, ModelEntry
 
 log = logging.getLogger("gpubox.inference")
 
@@ -195,3 +196,42 @@ def _dir_size(path: Path) -> int:
 def size_of(d: Discovered) -> int:
     """Bytes on disk; a folder is walked with stat only (cheap next to a header read, and always current)."""
     return d.path.stat().st_size if d.path.is_file() else _dir_size(d.path)
+
+
+def describe(meta: MetaCache, d: Discovered, loaded: LoadedInfo | None) -> ModelEntry:
+    """What infer_models says of one model: its metadata from the file, or the problem reading it."""
+    arch = params = quant = ctx = problem = None
+    template = False
+    try:
+        if d.format == "gguf":
+            rm = meta.gguf(d.path)
+            arch, params, quant, ctx = rm.shape.source, rm.shape.params(), rm.weight_format, rm.shape.max_context
+            template = rm.chat_template
+        elif d.format == "hf":
+            cfg = meta.json_file(d.path / "config.json")
+            arch = str((cfg.get("architectures") or [cfg.get("model_type")])[0])
+            mp = cfg.get("max_position_embeddings")
+            ctx = mp if isinstance(mp, int) else None
+            qc = cfg.get("quantization_config")
+            quant = (qc.get("quant_method") if isinstance(qc, dict) else None) or str(cfg.get("torch_dtype", ""))
+            tok = d.path / "tokenizer_config.json"
+            template = (d.path / "chat_template.jinja").is_file() or (
+                tok.is_file() and "chat_template" in meta.json_file(tok)
+            )
+    except (GpuboxError, OSError, LookupError, TypeError, ValueError) as exc:  # listed with the reason, not fatal
+        problem = str(exc)
+    return ModelEntry(
+        name=d.name,
+        path=str(d.path),
+        format=d.format,
+        architecture=arch,
+        params=params,
+        quantization=quant,
+        context_length=ctx,
+        size_bytes=size_of(d),
+        chat_template=template,
+        base_model=d.base_model,
+        bundled=d.bundled,
+        loaded=loaded,
+        problem=problem,
+    )
