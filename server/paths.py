@@ -7,8 +7,13 @@ Two rules keep the checks honest:
   cannot be used to probe the rest of the file system.
 
 Checking a path and opening it later is a race (the file can be swapped for a symlink in between), so
-`open_inside` re-checks at open time: it walks the resolved path from `/` one component at a time with
-O_NOFOLLOW, so a symlink that appeared anywhere on the way fails the open.
+`open_inside` and `read_inside` re-check at open time: they walk the path from `/` one component at a time
+with O_NOFOLLOW, so a symlink that appeared anywhere on the way fails the open, and they read regular files only.
+`open_inside` raises for what the user named; `read_inside` is for files a tool found itself (a repository
+walk) and returns None for anything it will not read, never saying where a link points.
+
+`~` and `~/...` mean the server user's home; `~user` forms are refused rather than expanded (they would name
+another account's home, or fail on an unknown user).
 
 Libraries handed a folder (datasets.load_from_disk, transformers' from_pretrained) open the files in it by name
 and follow symlinks, so `check_tree_inside` checks every entry of such a folder, not only the folder itself.
@@ -77,7 +82,7 @@ def resolve_inside(path: str | Path, roots: Sequence[Path], *, what: str = "path
     if not roots:
         raise PathNotAllowedError("no allowed roots are configured; set GPUBOX_ALLOWED_ROOTS or --allowed-root")
     resolved_roots = [Path(r).resolve() for r in roots]
-    raw = Path(given).expanduser() if given.startswith("~") else Path(given)
+    raw = _expand_home(given, what)
     if not raw.is_absolute():
         if len(resolved_roots) != 1:
             shown = ", ".join(str(r) for r in resolved_roots)
@@ -94,6 +99,23 @@ def resolve_inside(path: str | Path, roots: Sequence[Path], *, what: str = "path
     if must_exist:
         _require_exists(resolved, what, given)
     return resolved
+
+
+def _expand_home(given: str, what: str) -> Path:
+    """`~` and `~/...` are the server user's home; `~user/...` is refused (not taken as a relative name either)."""
+    if given != "~" and not given.startswith("~/"):
+        if given.startswith("~"):
+            raise InvalidInputError(
+                f"{what} '{given}' names another user's home (~user); only ~ and ~/... are expanded, so pass an "
+                "absolute path inside the allowed roots"
+            )
+        return Path(given)
+    try:
+        return Path(given).expanduser()
+    except RuntimeError:  # no home directory for the server's user
+        raise InvalidInputError(
+            f"{what} '{given}': the server's user has no home directory; pass an absolute path"
+        ) from None
 
 
 def _require_exists(resolved: Path, what: str, given: str) -> None:
@@ -117,12 +139,21 @@ def open_inside(path: str | Path, roots: Sequence[Path], *, what: str = "file") 
     """
     resolved = resolve_inside(path, roots, what=what)
     if not _AT_OPEN_CHECK:  # no O_NOFOLLOW / dir_fd (Windows): re-resolve and verify right before opening
-        if resolved.is_symlink() or not _inside(resolved.resolve(), [Path(r).resolve() for r in roots]):
+        if not _still_inside(resolved, [Path(r).resolve() for r in roots]):
             raise _outside(what, str(path), roots)
         if not resolved.is_file():
             raise InvalidInputError(f"{what} {path} is not a regular file")
         return resolved.open("rb")
-    fd = _open_nofollow(resolved, what, str(path), roots)
+    if not resolved.parts[1:]:
+        raise InvalidInputError(f"{what} {path} is not a regular file")
+    try:
+        fd = _open_nofollow(resolved.anchor, resolved.parts[1:])
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a component became a symlink after the check
+            raise _outside(what, str(path), roots) from None
+        if exc.errno == errno.ENOENT:
+            raise NotFoundError(f"{what} {path} does not exist inside the allowed roots") from None
+        raise NotFoundError(f"{what} {path} cannot be opened ({os.strerror(exc.errno or 0)})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise InvalidInputError(f"{what} {path} is not a regular file")
@@ -130,26 +161,63 @@ def open_inside(path: str | Path, roots: Sequence[Path], *, what: str = "file") 
     return os.fdopen(fd, "rb")
 
 
-def _open_nofollow(resolved: Path, what: str, given: str, roots: Sequence[Path]) -> int:
-    names = resolved.parts[1:]
-    if not names:
-        raise InvalidInputError(f"{what} {given} is not a regular file")
+def read_inside(root: Path, rel: str, limit: int | None = None) -> bytes | None:
+    """The bytes of `root/rel` (at most `limit`), or None when a component is a symlink, `rel` climbs out
+    (`..`, empty or `.` parts), the file is not a regular file, or it cannot be read.
+
+    For files a tool found itself under a root it already resolved with resolve_inside (a repository walk):
+    reading a file that became a symlink since is refused at open time, silently.
+    """
+    full = root / rel
+    if not _AT_OPEN_CHECK:  # no O_NOFOLLOW / dir_fd (Windows): re-resolve and check right before reading
+        try:
+            if not _still_inside(full, [root]) or not full.is_file():
+                return None
+            with full.open("rb") as fh:
+                return fh.read(limit) if limit is not None else fh.read()
+        except OSError:
+            return None
+    absolute = root if root.is_absolute() else Path(os.path.abspath(root))
+    names = [*absolute.parts[1:], *rel.split("/")]
+    if any(n in ("", ".", "..") for n in names):
+        return None
     try:
-        fd = os.open(resolved.anchor or "/", os.O_RDONLY | _DIRECTORY | _CLOEXEC)
-    except OSError as exc:
-        raise NotFoundError(f"{what} {given} cannot be opened ({os.strerror(exc.errno or 0)})") from None
+        fd = _open_nofollow(absolute.anchor, names)
+    except OSError:
+        return None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:  # checked on the descriptor: os.fdopen itself refuses a directory with an exception
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            return fh.read(limit) if limit is not None else fh.read()
+        except OSError:
+            return None
+
+
+def _still_inside(path: Path, resolved_roots: Sequence[Path]) -> bool:
+    """The check right before an open where O_NOFOLLOW/dir_fd are missing: not a link, and resolving inside."""
+    try:
+        return not path.is_symlink() and _inside(path.resolve(), resolved_roots)
+    except (OSError, RuntimeError):
+        return False
+
+
+def _open_nofollow(anchor: str, names: Sequence[str]) -> int:
+    """A descriptor for `anchor/names...`, opened one component at a time from the anchor without following a
+    symlink anywhere (ELOOP/ENOTDIR when one is there). Opened non-blocking, so a FIFO does not hang the open;
+    the caller checks the file type. Raises OSError."""
+    fd = os.open(anchor or "/", os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     try:
         for name in names[:-1]:
             nxt = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt
         return os.open(names[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a component became a symlink after the check
-            raise _outside(what, given, roots) from None
-        if exc.errno == errno.ENOENT:
-            raise NotFoundError(f"{what} {given} does not exist inside the allowed roots") from None
-        raise NotFoundError(f"{what} {given} cannot be opened ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(fd)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError
+from gpubox.paths import read_inside
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
-from gpubox.tools.search.safe_io import read_inside
 from gpubox.tools.search.store import IndexStore, fsync_write
 from gpubox.tools.search.walker import WalkOptions, walk
 

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubox.tools.search.safe_io import read_inside
+from gpubox.paths import read_inside
 
 EXCLUDED_DIRS = {
     ".git",
