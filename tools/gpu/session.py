@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpubox.errors import UnknownNameError
 from gpubox.settings import Settings
@@ -144,7 +144,7 @@ class SessionMeter:
         """An MCP request arrived (from the middleware): the box is in use."""
         self.last_request = self.clock()
         if session is not None:
-            conn = getattr(session, "_connection", None)
+            conn = sdk_session_facts(session).connection
             if conn is not None:
                 with suppress(TypeError):  # not weak-referenceable: no broadcast to it
                     self._sessions[conn] = session
@@ -307,7 +307,7 @@ class SessionMeter:
             return 0
         sent = 0
         for session in list(self._sessions.values()):
-            if getattr(session, "_log_is_request_scoped", False):
+            if sdk_session_facts(session).log_is_request_scoped:
                 continue
             try:
                 asyncio.run_coroutine_threadsafe(_send_warning(session, message), loop)
@@ -324,6 +324,45 @@ class SessionMeter:
             with suppress(Exception):
                 self._nv.nvmlShutdown()
             self._nv = None
+
+
+class SessionFacts(NamedTuple):
+    connection: Any  # None when the SDK no longer has it
+    log_is_request_scoped: bool
+
+
+_SDK_PRIVATE = ("_connection", "_log_is_request_scoped")
+_sdk_change_logged = False
+
+
+def sdk_session_facts(session: Any) -> SessionFacts:
+    """What the meter needs from the MCP SDK's per-request `ServerSession` (mcp 2.3, mcp.server.session) that the
+    SDK does not make public. The only place gpubox reads SDK private attributes; tests/test_sdk_private.py checks
+    them on a real session, so an SDK upgrade that renames or drops one fails there.
+
+    - `session._connection` (mcp.server.connection.Connection): the SDK builds a new ServerSession for every
+      request, but its Connection lives as long as the client stays connected. The meter keys the latest session
+      by it (weakly), so a broadcast reaches each connected client once and the entry goes when the client does.
+      Neither the session nor the middleware's ServerRequestContext exposes the connection publicly.
+    - `session._log_is_request_scoped` (bool): the SDK's own decision that log notifications of this session may
+      only ride the stream of the request they belong to (protocol 2026-07-28+, SEP-2577); an unsolicited warning
+      cannot reach such a session, so broadcast_warning skips it.
+
+    When an attribute is missing the answer degrades to "no unsolicited messages" (connection None, request
+    scoped True) and a warning is logged once, rather than failing the request that carried the session.
+    """
+    global _sdk_change_logged
+    missing = [name for name in _SDK_PRIVATE if not hasattr(session, name)]
+    if missing and not _sdk_change_logged:
+        _sdk_change_logged = True
+        log.warning(
+            "the MCP SDK's ServerSession has no %s (SDK changed); idle warnings are not broadcast to clients",
+            ", ".join(missing),
+        )
+    return SessionFacts(
+        connection=getattr(session, "_connection", None),
+        log_is_request_scoped=bool(getattr(session, "_log_is_request_scoped", True)),
+    )
 
 
 async def _send_warning(session: Any, message: str) -> None:
