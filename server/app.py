@@ -19,9 +19,15 @@ from gpubox.state import AppState
 
 log = logging.getLogger("gpubox")
 
-INSTRUCTIONS = """gpubox exposes one GPU box: GPU telemetry (gpu_status), estimates of memory/speed/cost
-(estimate_*), code search over local repositories (search_*), and local model inference (infer_*).
-Errors name the next step; a missing GPU or optional extra is reported as data by status tools."""
+INSTRUCTIONS = """gpubox runs one GPU box as tools:
+gpu_status: GPU and host telemetry, this session's cost.
+box_plan: what fits in memory now, who holds it.
+estimate_*: memory, speed and cost before running.
+infer_*: load local models, chat and complete.
+search_*: index local repositories, search their code.
+finetune_*: plan, run, watch and merge LoRA/QLoRA jobs.
+bench_*: measure attention kernels and the device.
+Errors name the next step; a missing GPU or extra is reported as data."""
 
 
 class GpuboxServer(MCPServer[AppState]):
