@@ -1,4 +1,4 @@
-"""The `gpubox` command: serve, call, doctor, client-config, install, uninstall."""
+"""The `gpubox` command: serve, call, doctor, client-config, install, uninstall, engine install."""
 
 from __future__ import annotations
 
@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpubox.installcmd import register  # install / uninstall: write a client's own config file
 
     register(sub, _settings_args, _load_settings)
+    from gpubox.engine_install import register as register_engine  # gpubox engine install vllm
+
+    register_engine(sub, _settings_args, _load_settings)
     return parser
 
 

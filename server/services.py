@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from gpubox.tools.gpu.session import SessionMeter
     from gpubox.tools.inference.manager import ModelManager
     from gpubox.tools.search.service import SearchService
+    from gpubox.tools.serve.service import ServeService
 
-LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION, IDLE = (
+LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION, IDLE, SERVE = (
     "ledger",
     "estimate",
     "search",
@@ -32,6 +33,7 @@ LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION, IDLE = (
     "bench",
     "session",
     "idle_guard",
+    "serve",
 )
 
 
@@ -117,3 +119,13 @@ def idle_guard(state: AppState) -> IdleGuard:
     from gpubox.tools.gpu.idle import IdleGuard
 
     return state.service(IDLE, lambda s: IdleGuard(session_meter(state), s))
+
+
+def serve(state: AppState) -> ServeService:
+    from gpubox.tools.serve.service import ServeService
+
+    return state.service(SERVE, lambda s: ServeService(s, ledger(state), finetuner(state).resolve_base))
+
+
+def serve_if_built(state: AppState) -> ServeService | None:
+    return state.peek(SERVE)

@@ -191,6 +191,19 @@ class Settings(BaseSettings):
         default=None, ge=0, le=1024, description="Memory left free on each device (default: 5% of it, at least 0.5)."
     )
 
+    # --- serving engines -------------------------------------------------------------------------
+    serve_python: Path | None = Field(
+        default=None,
+        description="Python with vLLM for serve_start (default: <state_dir>/engines/vllm, made by `gpubox engine "
+        "install vllm`, else this interpreter).",
+    )
+    serve_max_model_len: int = Field(
+        default=2048, ge=128, le=1_048_576, description="Default max_model_len of a served model (capped at its own)."
+    )
+    serve_start_timeout_s: float = Field(
+        default=1800, ge=30, le=86_400, description="How long an engine may take to start before it is stopped."
+    )
+
     # --- inference -----------------------------------------------------------------------------
     infer_max_resident: int = Field(default=2, ge=1, le=64, description="Models kept loaded at once (LRU eviction).")
     infer_memory_budget_gb: float | None = Field(
@@ -295,7 +308,7 @@ class Settings(BaseSettings):
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
 
-    @field_validator("state_dir", "token_file", "search_embedding_model", mode="after")
+    @field_validator("state_dir", "token_file", "search_embedding_model", "serve_python", mode="after")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None

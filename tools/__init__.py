@@ -15,5 +15,6 @@ def families() -> tuple[ModuleType, ...]:
     from gpubox.tools.gpu import adapter as gpu
     from gpubox.tools.inference import adapter as inference
     from gpubox.tools.search import adapter as search
+    from gpubox.tools.serve import adapter as serve
 
-    return (gpu, box, estimate, search, inference, finetune, bench)
+    return (gpu, box, estimate, search, inference, serve, finetune, bench)

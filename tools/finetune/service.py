@@ -26,7 +26,7 @@ from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
 from gpubox.tools.finetune.jobs import JobStore, alive, exited, gone, log_tail, read_metrics
-from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus
+from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.status import next_step, read_status
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
@@ -70,6 +70,12 @@ class Finetuner:
 
         return discover([*self.settings.model_dirs, self.settings.state_dir / "models"])
 
+    def resolve_base(self, model: str) -> ResolvedBase:
+        """A model name or path as training (and serving) reads it: an HF folder, or the HF copy of a GGUF."""
+        return planner.resolve_base(
+            model, self.registry(), self.roots, self.base_dir, [self.settings.state_dir / "models"]
+        )
+
     def plan(self, req: FinetuneRequest, estimator: Estimator | None = None) -> FinetunePlan:
         # cheapest refusals first: the request alone, the device, the base model; the dataset is read last
         planner.check_request(req)
@@ -78,8 +84,7 @@ class Finetuner:
         warnings: list[str] = []
         if req.num_processes > 1:
             warnings += launcher.check_processes(req.num_processes, device)
-        own_models = [self.settings.state_dir / "models"]
-        base = planner.resolve_base(req.model, self.registry(), self.roots, self.base_dir, own_models)
+        base = self.resolve_base(req.model)
         warnings += targets.check(req, base)
         summary, _rows, tokens = planner.summarise(
             req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)

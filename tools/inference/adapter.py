@@ -8,6 +8,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
+from gpubox import services
 from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.services import models
@@ -23,6 +24,8 @@ from gpubox.tools.inference.schemas import (
     ModelList,
     UnloadResult,
 )
+from gpubox.tools.serve import remote
+from gpubox.tools.serve.schemas import EngineRecord
 
 ModelName = Annotated[
     str | None, Field(description="Model name from infer_models; default: the loaded one, else the bundled SmolLM2")
@@ -39,6 +42,14 @@ Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the out
 
 def manager(state: AppState) -> ModelManager:
     return models(state)
+
+
+async def served(state: AppState, model: str | None) -> EngineRecord | None:
+    """The engine serving `model`, when one does: its requests go there, never also in-process."""
+    if model is None:
+        return None
+    svc = services.serve(state)
+    return await anyio.to_thread.run_sync(svc.engines.serving, model)
 
 
 def register(mcp: MCPServer[Any]) -> None:
@@ -99,11 +110,15 @@ def register(mcp: MCPServer[Any]) -> None:
         seed: Seed = None,
         json_schema: Schema = None,
     ) -> GenerationResult:
-        """Chat with a local model (rendered with its chat template). Text streams as MCP progress notifications;
-        cancelling the request stops generation. Returns text, finish reason, token counts, time to first token
+        """Chat with a model (rendered with its chat template): in-process, one request at a time per model (a
+        model served with serve_start batches many clients; its requests go to the engine). Text streams as MCP
+        progress; cancelling stops generation. Returns text, finish reason, token counts, time to first token
         and prefill/decode tokens/s."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         msgs = [m.model_dump() for m in messages]
+        engine = await served(app_state(ctx), model)
+        if engine is not None:
+            return await remote.generate(engine, msgs, None, params, ctx.report_progress)
         return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Complete")
@@ -122,6 +137,9 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> GenerationResult:
         """Continue a raw prompt (no chat template). Streams progress, honours cancellation, reports speeds."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
+        engine = await served(app_state(ctx), model)
+        if engine is not None:
+            return await remote.generate(engine, None, prompt, params, ctx.report_progress)
         return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.paths import read_inside
+from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.gpu.nvml import gpu_status
@@ -22,7 +24,6 @@ from gpubox.tools.search.embedder import Embedder, default_model_path
 from gpubox.tools.search.indexer import Cancelled, IndexReport, Progress, embed_text, ensure_not_running, run_index, sha
 from gpubox.tools.search.query import hybrid, snippet
 from gpubox.tools.search.runstate import unfinished_run
-from gpubox.tools.search.safe_io import read_inside, resolve_root
 from gpubox.tools.search.schemas import (
     DropResult,
     DryRun,

