@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole check, as CI runs it (.ci/run):
-#   1. install everything into .venv (scripts/install.sh) and lint with ruff;
+#   1. install everything into .venv (scripts/install.sh), the vLLM engine environment into .venv-vllm
+#      (scripts/install_engine.sh: `gpubox engine install vllm`), and lint with ruff;
 #   2. the full test suite in .venv (arguments go to this pytest run, e.g. `./scripts/test.sh -k search`);
 #   3. pyright (standard mode) on the package as installed (scripts/typecheck.sh);
 #   4. the fast tests and the transport tests again on Python 3.13 in .venv313 with a core-only install
@@ -53,6 +54,8 @@ fi
 stage "install .venv"
 ./scripts/install.sh
 touch .venv/.gpubox-installed
+stage "install the vLLM engine environment (.venv-vllm) for the serving tests"
+./scripts/install_engine.sh
 
 stage "ruff"
 .venv/bin/ruff check server tools resources prompts tests examples bench
@@ -89,7 +92,7 @@ if [ "${GPUBOX_SKIP_PY313:-0}" != 1 ]; then
         # Fast tests plus the real transports (stdio/HTTP/SSE subprocesses, where interpreter changes show);
         # the other slow tests load models or index code, which needs extras .venv313 does not have.
         run_pytest ".venv313 (not slow)" .venv313/bin/python -m "not slow"
-        run_pytest ".venv313 (transports)" .venv313/bin/python tests/test_transports.py
+        run_pytest ".venv313 (transports)" .venv313/bin/python tests/server/test_transports.py
     fi
 fi
 if [ "${GPUBOX_SKIP_WHEEL:-0}" != 1 ]; then

@@ -124,7 +124,8 @@ def idle_guard(state: AppState) -> IdleGuard:
 def serve(state: AppState) -> ServeService:
     from gpubox.tools.serve.service import ServeService
 
-    return state.service(SERVE, lambda s: ServeService(s, ledger(state), finetuner(state).resolve_base))
+    # lazy: listing engines never builds the fine-tuning family; resolving a model to serve does
+    return state.service(SERVE, lambda s: ServeService(s, ledger(state), lambda m: finetuner(state).resolve_base(m)))
 
 
 def serve_if_built(state: AppState) -> ServeService | None:

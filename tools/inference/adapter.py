@@ -22,6 +22,7 @@ from gpubox.tools.inference.schemas import (
     GenerationResult,
     LoadResult,
     ModelList,
+    ServedModel,
     UnloadResult,
 )
 from gpubox.tools.serve import remote
@@ -58,8 +59,15 @@ def register(mcp: MCPServer[Any]) -> None:
         """Models that can be run: the bundled SmolLM2-135M GGUF, GGUF files and HF folders in the model dirs, and
         LoRA adapters (also those fine-tuning saved); with architecture, parameters, quantisation, context, size,
         chat template, where each loaded one runs (device, memory), and `problem` when a file cannot be read.
-        Load with infer_load or just call infer_chat."""
-        return manager(app_state(ctx)).list()
+        Load with infer_load or just call infer_chat. `served`: models engines serve (serve_start, serve_attach)."""
+        state = app_state(ctx)
+        result = manager(state).list()
+        result.served = [
+            ServedModel(name=r.model, engine=r.engine, engine_id=r.id, base_url=r.base_url, state=r.state)
+            for r in services.serve(state).engines.records()
+            if r.state != "stopped"
+        ]
+        return result
 
     @gpubox_tool(mcp, annotations=WRITES, title="Load a model")
     async def infer_load(

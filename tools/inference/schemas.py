@@ -36,10 +36,19 @@ class ModelEntry(BaseModel):
     problem: str | None = Field(None, description="Why the metadata could not be read (file named); None when fine")
 
 
+class ServedModel(BaseModel):
+    name: str = Field(description="Pass as `model` to infer_chat / infer_complete: requests go to the engine")
+    engine: str
+    engine_id: str
+    base_url: str
+    state: str
+
+
 class ModelList(BaseModel):
     models: list[ModelEntry]
     resident_limit: int
     memory_budget_gb: float | None
+    served: list[ServedModel] = Field(default_factory=list, description="Models engines serve (serve_start/attach)")
 
 
 class LoadPlan(BaseModel):

@@ -73,9 +73,17 @@ class EngineManager:
         self.path = self.root / "engines.json"
         self._lock = threading.Lock()
         self._records: dict[str, EngineRecord] = self._load()
-        for rec in self._records.values():  # a restart finds running engines again and watches starting ones
-            if rec.state in ("preparing", "starting") and pid_alive(rec.pid, rec.pid_started):
+        for rec in list(self._records.values()):  # a restart finds running engines again, watches starting ones
+            if rec.state == "starting" and pid_alive(rec.pid, rec.pid_started):
                 threading.Thread(target=self._await_ready, args=(rec.id,), daemon=True).start()
+            elif rec.state == "preparing" or (rec.state == "starting" and rec.pid is None):
+                self.ledger.release(owner(rec.id))  # its launcher thread died with the previous server
+                self._records[rec.id] = rec.model_copy(
+                    update={
+                        "state": "failed",
+                        "error": "gpubox restarted before the engine was launched; start it again",
+                    }
+                )
 
     # --- records --------------------------------------------------------------------------------
     def _load(self) -> dict[str, EngineRecord]:
@@ -109,7 +117,13 @@ class EngineManager:
 
     def _reconcile(self, rec: EngineRecord) -> EngineRecord:
         """A run engine whose process is gone is failed (with why), and its memory released."""
-        if rec.engine == "vllm" and rec.state in ("starting", "ready") and not pid_alive(rec.pid, rec.pid_started):
+        spawned = rec.pid is not None  # before the spawn there is no process to check
+        if (
+            rec.engine == "vllm"
+            and spawned
+            and rec.state in ("starting", "ready")
+            and not pid_alive(rec.pid, rec.pid_started)
+        ):
             self.ledger.release(owner(rec.id))
             why = "the engine process exited" + (" during start-up" if rec.state == "starting" else "")
             return self._set(rec.id, state="failed", error=f"{why}; see log_tail")

@@ -1,0 +1,66 @@
+"""The engine plan for devices this box does not have: the exact flags and environment gpubox would run for one
+CPU, one and two GPUs and two nodes (Ray), from real model shapes in the estimator's catalog."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubox.errors import CapacityError, InvalidInputError
+from gpubox.tools.estimate.catalog import package_catalog
+from gpubox.tools.serve.plan import CPU_RUNTIME_GB, Gpu, Overrides, plan_engine
+
+
+def shape(name: str):  # type: ignore[no-untyped-def]
+    return package_catalog().model(name)
+
+
+def test_cpu_plan_sizes_the_kv_space_and_reserves_host_ram() -> None:
+    s = shape("llama-3.1-8b")
+    plan, args = plan_engine(s, 16.0, "bfloat16", [], host_free_gb=64.0, default_len=2048, o=Overrides())
+    assert plan.device == "cpu" and plan.max_model_len == 2048 and plan.dtype == "bfloat16"
+    assert plan.kv_cache_space_gb is not None and plan.kv_cache_space_gb >= 1
+    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_space_gb)}
+    assert plan.memory_gb["host"] == pytest.approx(16.0 + plan.kv_cache_space_gb + CPU_RUNTIME_GB)
+    assert args[:4] == ["--max-model-len", "2048", "--dtype", "bfloat16"]
+    with pytest.raises(CapacityError, match="host RAM"):
+        plan_engine(s, 16.0, "bfloat16", [], host_free_gb=12.0, default_len=2048, o=Overrides())
+
+
+def test_one_gpu_takes_the_share_the_ledger_has_free() -> None:
+    s = shape("llama-3.1-8b")
+    gpus = [Gpu(total_gb=80.0, free_gb=60.0)]
+    plan, args = plan_engine(s, 16.0, "bfloat16", gpus, host_free_gb=64.0, default_len=4096, o=Overrides())
+    assert plan.tensor_parallel_size == 1 and plan.gpu_memory_utilization == pytest.approx(0.75)
+    assert "--tensor-parallel-size" not in args and args[-2:] == ["--gpu-memory-utilization", "0.750"]
+    assert plan.memory_gb["cuda:0"] == pytest.approx(60.0)
+
+
+def test_a_model_too_big_for_one_gpu_is_split_over_the_smallest_tensor_parallel_group() -> None:
+    s = shape("llama-3.1-70b")  # ~141 GB of bf16 weights
+    gpus = [Gpu(total_gb=80.0, free_gb=78.0) for _ in range(4)]
+    plan, args = plan_engine(s, 141.0, "bfloat16", gpus, host_free_gb=256.0, default_len=8192, o=Overrides())
+    assert plan.tensor_parallel_size == 2, plan.reasons
+    assert "--tensor-parallel-size" in args and args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert set(plan.memory_gb) == {"cuda:0", "cuda:1", "host"}
+
+
+def test_two_nodes_pipeline_across_ray() -> None:
+    s = shape("llama-3.1-70b")
+    gpus = [Gpu(total_gb=24.0, free_gb=23.0) for _ in range(4)]  # four 24 GB cards per node
+    with pytest.raises(CapacityError, match="more nodes"):
+        plan_engine(s, 141.0, "bfloat16", gpus, host_free_gb=256.0, default_len=4096, o=Overrides())
+    plan, args = plan_engine(s, 141.0, "bfloat16", gpus, host_free_gb=256.0, default_len=4096, o=Overrides(nodes=2))
+    assert (plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.nodes) == (4, 2, 2)
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+
+
+def test_overrides_are_checked_against_the_model_and_the_box() -> None:
+    s = shape("llama-3.1-8b")
+    gpus = [Gpu(total_gb=80.0, free_gb=80.0) for _ in range(2)]
+    with pytest.raises(InvalidInputError, match="more than the 2 GPUs"):
+        plan_engine(s, 16.0, None, gpus, 64.0, 2048, Overrides(tensor_parallel_size=4))
+    with pytest.raises(InvalidInputError, match="above the model's"):
+        plan_engine(s, 16.0, None, [], 64.0, 2048, Overrides(max_model_len=10_000_000))
+    plan, _ = plan_engine(s, 16.0, None, gpus, 64.0, 2048, Overrides(tensor_parallel_size=2, dtype="float16"))
+    assert plan.tensor_parallel_size == 2 and plan.dtype == "float16" and "as asked" in plan.reasons[-2]
