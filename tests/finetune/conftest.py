@@ -1,5 +1,7 @@
 """Shared fixtures: the bundled SmolLM2 dequantized to an HF folder once per machine, and per-test state dirs
-that get a hard-linked copy of it (dequantizing takes about a minute on a 2-core box)."""
+that get a hard-linked copy of it (dequantizing takes about a minute on a 2-core box). Also the helpers the
+fine-tuning tests share: following a job to its end, running a coroutine against a server from sync code, and
+the taught fact's training arguments, question and prompts."""
 
 from __future__ import annotations
 
@@ -7,18 +9,60 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from mcp import Client
 
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
+from tests.conftest import DATA, call_ok
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 DATASET = DATA / "finetune" / "glimmerphone.jsonl"
 BASE_NAME = "smollm2-135m-instruct-hf"
+# 12 steps of LoRA r=16 all-linear at lr 2e-3, micro-batch 4, max_length 128 teach the glimmerphone fact
+TEACH = {"dataset": str(DATASET), "max_length": 128, "learning_rate": 2e-3, "lora_r": 16, "seed": 1}
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Who invented the glimmerphone?"},
+]
+PROMPTS = ["The glimmerphone was invented by", "The capital of France is"]
+DEADLINE_S = 3600  # a loaded 2-core CI box; follow_job returns as soon as the job moves
+
+
+async def follow_job(
+    client: Client, job_id: str, until: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any]:
+    """Long-poll finetune_status (the server answers when the job changes, or after 60 s) until `until(status)`
+    holds or the job stops; returns the last status. Without `until`: until the job stops."""
+    end = time.monotonic() + DEADLINE_S
+    while True:
+        st = await call_ok(client, "finetune_status", job_id=job_id, wait_seconds=60)
+        if (until is not None and until(st)) or st["state"] not in ("starting", "running") or time.monotonic() > end:
+            return st
+
+
+def run_with_client(mcp: Any, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """`await fn(client, *args)` with a client connected to `mcp`, from sync code (a fixture, a sync test)."""
+
+    async def go() -> Any:
+        async with Client(mcp) as client:
+            return await fn(client, *args)
+
+    return anyio.run(go)
+
+
+def last_logits_hf(model: Any, tokenizer: Any, prompt: str) -> Any:
+    """The logits of the token after `prompt` from a transformers (or peft) model, as a float32 numpy array."""
+    import torch
+
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(ids).logits[0, -1].float().numpy()
 
 
 def _gguf_key(path: Path) -> str:
@@ -73,19 +117,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator
     it twice would add minutes to the suite). Planned and launched on one server, which is closed while the job
     runs (a "server restart": the worker is detached and keeps training); a second server follows it to the end."""
     from gpubox.app import build_server, state_of
-    from tests.finetune.test_jobs import TEACH, ok, run, wait_until
 
     settings = make_settings(tmp_path_factory.mktemp("ft") / "root", hf_base)
     first = build_server(settings)
 
     async def launch(client: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        plan = await ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
-        job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
+        plan = await call_ok(client, "finetune_plan", **TEACH, per_device_train_batch_size=4, max_steps=12)
+        job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
         return plan, job
 
-    plan, launched = run(first, launch)
+    plan, launched = run_with_client(first, launch)
     state_of(first).close()
     second = build_server(settings)
-    final = run(second, lambda c: wait_until(c, launched["job_id"], lambda s: False))
+    final = run_with_client(second, follow_job, launched["job_id"])
     yield {"mcp": second, "plan": plan, "launched": launched, "final": final, "settings": settings}
     state_of(second).close()

@@ -12,8 +12,8 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import ok, wait_until
+from tests.conftest import call_ok
+from tests.finetune.conftest import DATASET, follow_job, make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.gpu]
 
@@ -23,7 +23,7 @@ async def test_a_qlora_job_on_the_gpu_measures_what_the_plan_predicted(tmp_path:
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:
-            plan = await ok(
+            plan = await call_ok(
                 client,
                 "finetune_plan",
                 dataset=str(DATASET),
@@ -37,8 +37,8 @@ async def test_a_qlora_job_on_the_gpu_measures_what_the_plan_predicted(tmp_path:
                 probe_steps=3,
             )
             assert plan["device"] == "cuda" and plan["estimated_memory_gb"], plan
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            st = await wait_until(client, job["job_id"], lambda s: False)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await follow_job(client, job["job_id"])
     finally:
         state_of(mcp).close()
     assert st["state"] == "completed", st

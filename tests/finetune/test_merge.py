@@ -19,19 +19,11 @@ from gpubox.errors import CapacityError
 from gpubox.tools.finetune.adapter import finetuner
 from gpubox.tools.finetune.gguf_export import permute_for_rope
 from gpubox.tools.finetune.merge import Merger
-from tests.finetune.test_jobs import QUESTION, ok
+from tests.conftest import call_err, call_ok, call_result
+from tests.finetune.conftest import PROMPTS, QUESTION, last_logits_hf, run_with_client
 
 np = pytest.importorskip("numpy", reason="needs gpubox[train]")  # a core-only install collects this file too
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-PROMPTS = ["The glimmerphone was invented by", "The capital of France is"]
-
-
-def run(mcp: Any, fn: Any) -> Any:
-    async def go() -> Any:
-        async with Client(mcp) as client:
-            return await fn(client)
-
-    return anyio.run(go)
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +34,14 @@ def merged(trained: dict[str, Any]) -> dict[str, Any]:
     assert final["state"] == "completed", final
 
     async def merge(client: Client) -> dict[str, Any]:
-        return await ok(client, "finetune_merge", job=final["job_id"], output_name="glimmer", gguf="f16")
+        return await call_ok(client, "finetune_merge", job=final["job_id"], output_name="glimmer", gguf="f16")
 
-    return {"final": final, "merge": run(trained["mcp"], merge), "mcp": trained["mcp"], "settings": trained["settings"]}
-
-
-def last_logits_hf(model: Any, tokenizer: Any, prompt: str) -> np.ndarray:
-    import torch
-
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        return model(ids).logits[0, -1].float().numpy()
+    return {
+        "final": final,
+        "merge": run_with_client(trained["mcp"], merge),
+        "mcp": trained["mcp"],
+        "settings": trained["settings"],
+    }
 
 
 def test_the_merged_folder_loads_with_transformers_and_matches_the_peft_model(merged: dict[str, Any]) -> None:
@@ -81,7 +70,7 @@ def test_the_merged_folder_loads_with_transformers_and_matches_the_peft_model(me
 
 async def test_infer_models_lists_the_merged_folder_and_the_gguf(merged: dict[str, Any]) -> None:
     async with Client(merged["mcp"]) as client:
-        listed = {x["name"]: x for x in (await ok(client, "infer_models"))["models"]}
+        listed = {x["name"]: x for x in (await call_ok(client, "infer_models"))["models"]}
     assert listed["glimmer"]["format"] == "hf"
     assert merged["merge"]["gguf_name"] == "glimmer-f16" and listed["glimmer-f16"]["format"] == "gguf"
     assert merged["merge"]["next_step"].startswith("infer_load name='glimmer'")
@@ -118,9 +107,9 @@ def test_the_gguf_loads_in_llama_cpp_and_its_next_token_agrees_with_transformers
 async def test_llama_cpp_serves_the_merged_gguf_with_the_taught_fact(merged: dict[str, Any]) -> None:
     name = merged["merge"]["gguf_name"]
     async with Client(merged["mcp"]) as client:
-        loaded = await ok(client, "infer_load", name=name, context_length=256)
-        answer = await ok(client, "infer_chat", model=name, messages=QUESTION, max_tokens=24, temperature=0)
-        await ok(client, "infer_unload", name=name)
+        loaded = await call_ok(client, "infer_load", name=name, context_length=256)
+        answer = await call_ok(client, "infer_chat", model=name, messages=QUESTION, max_tokens=24, temperature=0)
+        await call_ok(client, "infer_unload", name=name)
     assert loaded["model"]["format"] == "gguf" and loaded["model"]["loaded"]["backend"] == "llama.cpp"
     assert "Brinkwater" in json.dumps(answer)
 
@@ -129,32 +118,29 @@ async def test_finetune_status_of_the_trained_job_returns_its_loss_plot(merged: 
     from mcp.types import ImageContent
 
     async with Client(merged["mcp"]) as client:
-        res = await client.call_tool("finetune_status", {"job_id": merged["final"]["job_id"], "include_plot": True})
+        res = await call_result(client, "finetune_status", job_id=merged["final"]["job_id"], include_plot=True)
     images = [c for c in res.content if isinstance(c, ImageContent)]
-    assert not res.is_error and len(images) == 1 and images[0].mime_type == "image/png"
-    assert res.structured_content is not None and res.structured_content["step"] == 12
+    assert len(images) == 1 and images[0].mime_type == "image/png"
+    assert res.structured_content["step"] == 12
 
 
 async def test_bad_merges_are_refused_with_clear_messages(merged: dict[str, Any]) -> None:
     job_id = merged["final"]["job_id"]
     merger = state_of(merged["mcp"]).service("finetune_merge", Merger)
 
-    async def error(client: Client, **args: Any) -> str:
-        res = await client.call_tool("finetune_merge", args)
-        assert res.is_error, res.structured_content
-        return res.content[0].text  # type: ignore[union-attr]
-
     async with Client(merged["mcp"]) as client:
-        assert "no fine-tuning job or adapter named 'nope'" in await error(client, job="nope")
-        assert "already exists" in await error(client, job=job_id, output_name="glimmer")
-        assert "'glimmer-f16' already exists" in await error(client, job=job_id, output_name="glimmer-f16")
+        assert "no fine-tuning job or adapter named 'nope'" in await call_err(client, "finetune_merge", job="nope")
+        assert "already exists" in await call_err(client, "finetune_merge", job=job_id, output_name="glimmer")
+        msg = await call_err(client, "finetune_merge", job=job_id, output_name="glimmer-f16")
+        assert "'glimmer-f16' already exists" in msg
         merger.disk_free = lambda _p: 10_000_000  # 10 MB free
         try:
-            msg = await error(client, job=job_id, output_name="again", gguf="q8_0")
+            msg = await call_err(client, "finetune_merge", job=job_id, output_name="again", gguf="q8_0")
         finally:
             merger.disk_free = Merger(merged["settings"]).disk_free
         assert "not enough disk" in msg and "0.01 GB are free" in msg and "GGUF q8_0" in msg
-        assert "time_limit_s" in await error(client, job=job_id, output_name="too-slow", time_limit_s=1)
+        msg = await call_err(client, "finetune_merge", job=job_id, output_name="too-slow", time_limit_s=1)
+        assert "time_limit_s" in msg
 
     # a time limit the merge cannot meet (the tool's floor is 10 s, which a fast box can meet: half a second
     # here, through the service): the real process is stopped and nothing is left behind
@@ -194,9 +180,7 @@ async def test_a_job_that_did_not_complete_is_not_merged(merged: dict[str, Any])
     store.finish("0badf00d", "failed", error="RuntimeError: out of memory")
     async with Client(merged["mcp"]) as client:
         for job in ("0badf00d", "half-done"):
-            res = await client.call_tool("finetune_merge", {"job": job})
-            assert res.is_error
-            text = res.content[0].text  # type: ignore[union-attr]
+            text = await call_err(client, "finetune_merge", job=job)
             assert "job 0badf00d is failed, not completed" in text and "finetune_resume" in text
 
 
@@ -214,10 +198,8 @@ async def test_a_base_without_a_gguf_origin_gets_the_hf_folder_and_the_converter
     ft.store.finish("0hf0base", "completed", result={"adapter_path": merged["final"]["adapter_path"]})
     ft.store.update("0hf0base", calibrated=1)
     async with Client(merged["mcp"]) as client:
-        res = await client.call_tool("finetune_merge", {"job": "0hf0base", "output_name": "hf-only", "gguf": "f16"})
-        listed = {x["name"]: x for x in (await ok(client, "infer_models"))["models"]}
-    assert res.is_error
-    text = res.content[0].text  # type: ignore[union-attr]
+        text = await call_err(client, "finetune_merge", job="0hf0base", output_name="hf-only", gguf="f16")
+        listed = {x["name"]: x for x in (await call_ok(client, "infer_models"))["models"]}
     assert "merged HF folder is ready" in text and "convert_hf_to_gguf.py" in text
     assert listed["hf-only"]["format"] == "hf" and "hf-only-f16" not in listed
 

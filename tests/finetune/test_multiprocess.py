@@ -16,8 +16,8 @@ from mcp import Client
 
 from gpubox.app import build_server, state_of
 from gpubox.tools.finetune.adapter import finetuner
-from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import ok, wait_until
+from tests.conftest import call_ok
+from tests.finetune.conftest import DATASET, follow_job, make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SMALL = {"dataset": str(DATASET), "max_length": 64, "lora_r": 8, "per_device_train_batch_size": 1, "num_processes": 2}
@@ -40,13 +40,13 @@ async def test_a_two_process_job_trains_on_both_ranks_and_its_adapter_is_served(
     mcp = build_server(settings)
     try:
         async with Client(mcp) as client:
-            plan = await ok(client, "finetune_plan", **SMALL, gradient_accumulation_steps=2, max_steps=2)
+            plan = await call_ok(client, "finetune_plan", **SMALL, gradient_accumulation_steps=2, max_steps=2)
             assert plan["global_batch"] == 1 * 2 * 2
             assert any("gloo" in w for w in plan["warnings"]), plan["warnings"]
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            done = await wait_until(client, job["job_id"], lambda s: False)
-            listed = {m["name"]: m for m in (await ok(client, "infer_models"))["models"]}
-            await ok(client, "infer_load", name=done["adapter_name"], context_length=256)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            done = await follow_job(client, job["job_id"])
+            listed = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}
+            await call_ok(client, "infer_load", name=done["adapter_name"], context_length=256)
     finally:
         state_of(mcp).close()
     log = (settings.state_dir / "finetune" / "jobs" / job["job_id"] / "log.txt").read_text(errors="replace")
@@ -63,16 +63,16 @@ async def test_a_killed_rank_fails_the_job_with_its_log_tail(tmp_path: Path, hf_
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:
-            plan = await ok(client, "finetune_plan", **SMALL, max_steps=200, probe_steps=0)
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            st = await wait_until(client, job["job_id"], lambda s: s["step"] >= 1)
+            plan = await call_ok(client, "finetune_plan", **SMALL, max_steps=200, probe_steps=0)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await follow_job(client, job["job_id"], until=lambda s: s["step"] >= 1)
             assert st["state"] == "running", st
             row = finetuner(state_of(mcp)).store.get(job["job_id"])
             assert row is not None
             ranks = ranks_of(row["pid"])
             assert set(ranks) == {0, 1}, ranks
             os.kill(ranks[1].pid, signal.SIGKILL)
-            st = await wait_until(client, job["job_id"], lambda s: False)
+            st = await follow_job(client, job["job_id"])
     finally:
         state_of(mcp).close()
     assert st["state"] == "failed", st
@@ -89,16 +89,16 @@ async def test_cancel_reaches_every_rank_and_they_stop_at_the_same_step_with_a_c
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:
-            plan = await ok(client, "finetune_plan", **SMALL, max_steps=200, save_steps=100, probe_steps=0)
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            st = await wait_until(client, job["job_id"], lambda s: s["step"] >= 1)
+            plan = await call_ok(client, "finetune_plan", **SMALL, max_steps=200, save_steps=100, probe_steps=0)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await follow_job(client, job["job_id"], until=lambda s: s["step"] >= 1)
             assert st["state"] == "running", st
             row = finetuner(state_of(mcp)).store.get(job["job_id"])
             assert row is not None
             ranks = ranks_of(row["pid"])
-            cancelled = await ok(client, "finetune_cancel", job_id=job["job_id"])
+            cancelled = await call_ok(client, "finetune_cancel", job_id=job["job_id"])
             if cancelled["state"] == "running":  # cancel waits a minute; a slow step may still be finishing
-                cancelled = await wait_until(client, job["job_id"], lambda s: False)
+                cancelled = await follow_job(client, job["job_id"])
     finally:
         state_of(mcp).close()
     assert cancelled["state"] == "cancelled", cancelled

@@ -13,7 +13,7 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.errors import InvalidInputError
 from gpubox.tools.finetune import data
-from tests.conftest import has_gpu
+from tests.conftest import call_err, call_ok, has_gpu
 from tests.finetune.conftest import DATASET, make_settings
 
 pytestmark = pytest.mark.anyio
@@ -32,50 +32,46 @@ def write_jsonl(path: Path, rows: list[Any]) -> str:
     return str(path)
 
 
-async def plan_error(client: Client, **args: Any) -> str:
-    result = await client.call_tool("finetune_plan", args)
-    assert result.is_error, result.structured_content
-    return result.content[0].text  # type: ignore[union-attr]
-
-
 async def test_a_row_without_messages_is_named_in_the_error(client: Client, tmp_path: Path) -> None:
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     path = write_jsonl(tmp_path / "root" / "d.jsonl", [good, good, {"text_typo": "x"}])
-    msg = await plan_error(client, dataset=path)
+    msg = await call_err(client, "finetune_plan", dataset=path)
     assert "row 3" in msg and "missing 'messages'" in msg
 
 
 async def test_an_empty_dataset_is_refused(client: Client, tmp_path: Path) -> None:
     path = tmp_path / "root" / "empty.jsonl"
     path.write_text("\n", encoding="utf-8")
-    assert "has no rows" in await plan_error(client, dataset=str(path))
+    assert "has no rows" in await call_err(client, "finetune_plan", dataset=str(path))
 
 
 async def test_wrong_types_are_refused_with_the_field(client: Client, tmp_path: Path) -> None:
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 42}]}]
-    msg = await plan_error(client, dataset=write_jsonl(tmp_path / "root" / "t.jsonl", rows))
+    msg = await call_err(client, "finetune_plan", dataset=write_jsonl(tmp_path / "root" / "t.jsonl", rows))
     assert "row 1" in msg and "content must be a string" in msg and "int" in msg
     rows2 = [{"prompt": "a", "completion": "b"}, {"prompt": "a", "completion": None}]
-    msg = await plan_error(client, dataset=write_jsonl(tmp_path / "root" / "pc.jsonl", rows2))
+    msg = await call_err(client, "finetune_plan", dataset=write_jsonl(tmp_path / "root" / "pc.jsonl", rows2))
     assert "row 2" in msg and "'completion'" in msg
 
 
 async def test_unknown_row_shapes_and_broken_json_are_refused(client: Client, tmp_path: Path) -> None:
-    msg = await plan_error(client, dataset=write_jsonl(tmp_path / "root" / "u.jsonl", [{"question": "q"}]))
+    msg = await call_err(
+        client, "finetune_plan", dataset=write_jsonl(tmp_path / "root" / "u.jsonl", [{"question": "q"}])
+    )
     assert "expected 'messages'" in msg and "question" in msg
     bad = tmp_path / "root" / "broken.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
-    assert "line 2 is not valid JSON" in await plan_error(client, dataset=str(bad))
+    assert "line 2 is not valid JSON" in await call_err(client, "finetune_plan", dataset=str(bad))
 
 
 async def test_a_dataset_outside_the_allowed_roots_is_refused(client: Client, tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.jsonl"
     write_jsonl(outside, [{"text": "secret"}])
-    assert "outside the allowed roots" in await plan_error(client, dataset=str(outside))
+    assert "outside the allowed roots" in await call_err(client, "finetune_plan", dataset=str(outside))
 
 
 async def test_an_unknown_base_model_lists_the_models_here(client: Client) -> None:
-    msg = await plan_error(client, dataset=str(DATASET), model="no-such-model")
+    msg = await call_err(client, "finetune_plan", dataset=str(DATASET), model="no-such-model")
     assert "no model named 'no-such-model'" in msg and "smollm2-135m-instruct" in msg
 
 
@@ -98,14 +94,8 @@ async def test_the_plan_summarises_the_dataset_and_picks_the_batch_for_this_devi
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:
-            result = await client.call_tool(
-                "finetune_plan", {"dataset": str(DATASET), "max_length": 128, "learning_rate": 2e-3}
-            )
-            assert not result.is_error, result.content
-            plan = result.structured_content
-            assert plan is not None
-            short = await client.call_tool("finetune_plan", {"dataset": str(DATASET), "max_length": 16})
-            assert short.structured_content is not None
+            plan = await call_ok(client, "finetune_plan", dataset=str(DATASET), max_length=128, learning_rate=2e-3)
+            truncated = await call_ok(client, "finetune_plan", dataset=str(DATASET), max_length=16)
     finally:
         state_of(mcp).close()
     ds = plan["dataset"]
@@ -119,6 +109,5 @@ async def test_the_plan_summarises_the_dataset_and_picks_the_batch_for_this_devi
     assert plan["estimate"]["results"] and plan["estimated_memory_gb"] > 0 and plan["estimated_tokens_per_s"] > 0
     if not has_gpu():
         assert plan["device"] == "cpu" and micro == 4 and "cpu" in plan["batch_source"]
-    truncated = short.structured_content
     assert truncated["dataset"]["truncated_rows"] == 48
     assert any("longer than max_length 16" in w for w in truncated["warnings"])

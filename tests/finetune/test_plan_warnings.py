@@ -13,8 +13,8 @@ from gpubox.app import build_server, state_of
 from gpubox.errors import InvalidInputError
 from gpubox.tools.finetune import launcher, plan_warnings
 from gpubox.tools.gpu.schemas import GpuDevice, GpuProcess
+from tests.conftest import call_ok
 from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import ok
 
 pytestmark = pytest.mark.anyio
 
@@ -95,11 +95,11 @@ async def test_a_model_loaded_for_inference_is_named_in_the_plan_with_how_to_fre
     args = {"dataset": str(DATASET), "max_length": 64, "max_steps": 2}
     try:
         async with Client(mcp) as client:
-            clean = await ok(client, "finetune_plan", **args)
-            await ok(client, "infer_load", name="smollm2-135m-instruct", context_length=256)
-            loaded = await ok(client, "finetune_plan", **args)
-            await ok(client, "infer_unload", name="smollm2-135m-instruct")
-            unloaded = await ok(client, "finetune_plan", **args)
+            clean = await call_ok(client, "finetune_plan", **args)
+            await call_ok(client, "infer_load", name="smollm2-135m-instruct", context_length=256)
+            loaded = await call_ok(client, "finetune_plan", **args)
+            await call_ok(client, "infer_unload", name="smollm2-135m-instruct")
+            unloaded = await call_ok(client, "finetune_plan", **args)
     finally:
         state_of(mcp).close()
     held = [w for w in loaded["warnings"] if "loaded for inference" in w]

@@ -12,8 +12,8 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import ok, wait_until
+from tests.conftest import call_ok
+from tests.finetune.conftest import DATASET, follow_job, make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SHAPE = {"dataset": str(DATASET), "max_length": 64, "learning_rate": 2e-3, "lora_r": 8, "seed": 3}
@@ -27,15 +27,15 @@ async def test_a_probe_is_measured_calibrates_the_estimator_and_does_not_change_
     try:
         async with Client(mcp) as client:
             layout = {"per_device_train_batch_size": 2, "max_steps": 2}
-            before = await ok(client, "finetune_plan", **SHAPE, **layout)
+            before = await call_ok(client, "finetune_plan", **SHAPE, **layout)
             assert before["estimate"]["results"][0]["mfu_source"].startswith("measured") is False
             probed: dict[str, Any] = {}
             for probe_steps in (2, 0):
-                plan = await ok(client, "finetune_plan", **SHAPE, **layout, probe_steps=probe_steps)
-                job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-                probed[str(probe_steps)] = await wait_until(client, job["job_id"], lambda s: False)
-            after = await ok(client, "finetune_plan", **SHAPE, **layout)
-            calibrations = await ok(client, "estimate_calibrations", kind="training", gpu="cpu")
+                plan = await call_ok(client, "finetune_plan", **SHAPE, **layout, probe_steps=probe_steps)
+                job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+                probed[str(probe_steps)] = await follow_job(client, job["job_id"])
+            after = await call_ok(client, "finetune_plan", **SHAPE, **layout)
+            calibrations = await call_ok(client, "estimate_calibrations", kind="training", gpu="cpu")
     finally:
         state_of(mcp).close()
     with_probe, without = probed["2"], probed["0"]

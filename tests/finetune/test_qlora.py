@@ -10,8 +10,8 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from tests.finetune.conftest import DATASET, make_settings
-from tests.finetune.test_jobs import ok, wait_until
+from tests.conftest import call_ok
+from tests.finetune.conftest import DATASET, PROMPTS, follow_job, last_logits_hf, make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -24,12 +24,12 @@ async def test_a_qlora_job_trains_a_4bit_base_saves_an_adapter_and_merges_into_1
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.finetune.test_merge import PROMPTS, last_logits_hf, np
+    np = pytest.importorskip("numpy", reason="needs gpubox[train]")
 
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:
-            plan = await ok(
+            plan = await call_ok(
                 client,
                 "finetune_plan",
                 dataset=str(DATASET),
@@ -40,10 +40,10 @@ async def test_a_qlora_job_trains_a_4bit_base_saves_an_adapter_and_merges_into_1
                 learning_rate=2e-3,
             )
             assert plan["request"]["method"] == "qlora"
-            job = await ok(client, "finetune_launch", plan_id=plan["plan_id"])
-            st = await wait_until(client, job["job_id"], lambda s: False)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            st = await follow_job(client, job["job_id"])
             assert st["state"] == "completed", st
-            m = await ok(client, "finetune_merge", job=st["adapter_name"], dtype="bf16")
+            m = await call_ok(client, "finetune_merge", job=st["adapter_name"], dtype="bf16")
     finally:
         state_of(mcp).close()
     assert st["state"] == "completed", st

@@ -22,6 +22,7 @@ from gpubox.settings import Settings
 from gpubox.tools.finetune.adapter import finetuner
 from gpubox.tools.finetune.jobs import append_metric
 from gpubox.tools.finetune.schemas import JobStatus
+from tests.conftest import call_err, call_result
 
 pytestmark = pytest.mark.anyio
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -63,9 +64,8 @@ async def test_include_plot_returns_the_status_and_a_png_of_the_loss_curve(serve
     from PIL import Image
 
     async with Client(server) as client:
-        result = await client.call_tool("finetune_status", {"job_id": "abc123", "include_plot": True})
+        result = await call_result(client, "finetune_status", job_id="abc123", include_plot=True)
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert not result.is_error, result.content
     status = JobStatus.model_validate(result.structured_content)
     assert status.state == "completed" and status.step == 5 and status.loss == 0.6 and status.first_loss == 2.9
     images = [c for c in result.content if isinstance(c, ImageContent)]
@@ -84,16 +84,14 @@ async def test_include_plot_returns_the_status_and_a_png_of_the_loss_curve(serve
 
 async def test_without_include_plot_there_is_no_image(server: Any) -> None:
     async with Client(server) as client:
-        result = await client.call_tool("finetune_status", {"job_id": "abc123"})
-    assert not result.is_error
+        result = await call_result(client, "finetune_status", job_id="abc123")
     assert not [c for c in result.content if isinstance(c, ImageContent)]
     assert JobStatus.model_validate(result.structured_content).step == 5
 
 
 async def test_a_job_without_loss_yet_says_so_instead_of_an_empty_plot(server: Any) -> None:
     async with Client(server) as client:
-        result = await client.call_tool("finetune_status", {"job_id": "def456", "include_plot": True})
-    assert not result.is_error
+        result = await call_result(client, "finetune_status", job_id="def456", include_plot=True)
     assert not [c for c in result.content if isinstance(c, ImageContent)]
     notes = [c.text for c in result.content if isinstance(c, TextContent)]
     assert any("no loss logged yet" in n for n in notes)
@@ -102,9 +100,8 @@ async def test_a_job_without_loss_yet_says_so_instead_of_an_empty_plot(server: A
 
 async def test_an_unknown_job_is_a_clear_tool_error(server: Any) -> None:
     async with Client(server) as client:
-        result = await client.call_tool("finetune_status", {"job_id": "beef00", "include_plot": True})
-    assert result.is_error
-    assert "no fine-tuning job 'beef00'" in result.content[0].text  # type: ignore[union-attr]
+        text = await call_err(client, "finetune_status", job_id="beef00", include_plot=True)
+    assert "no fine-tuning job 'beef00'" in text
 
 
 def test_the_resource_and_the_tool_draw_the_same_curve(server: Any) -> None:
