@@ -70,7 +70,7 @@ def test_pinned_holders_are_never_offered_as_the_way_out(tmp_path: Path) -> None
 
 def test_a_reservation_spans_devices_atomically(tmp_path: Path) -> None:
     led = ledger(tmp_path, memory_budgets="host=1,cuda:0=10")
-    with pytest.raises(CapacityError, match="host: needs 2.00 GB"):
+    with pytest.raises(CapacityError, match=r"host: needs 2\.00 GB"):
         led.reserve("engine", "engine", {"cuda:0": 5.0, "host": 2.0}, "serve_stop")
     assert all(d.reserved_gb == 0 for d in led.state().devices)
     with pytest.raises(InvalidInputError, match="no device 'cuda:3'"):
@@ -176,7 +176,7 @@ def test_the_queue_serves_first_in_line_first_and_wakes_on_release(tmp_path: Pat
 
 def test_the_queue_refuses_at_once_what_could_never_fit_and_honours_cancel(tmp_path: Path) -> None:
     led = ledger(tmp_path, memory_budget_gb=2.0)
-    with pytest.raises(CapacityError, match="more than its whole 2.00 GB budget; waiting cannot help"):
+    with pytest.raises(CapacityError, match=r"more than its whole 2\.00 GB budget; waiting cannot help"):
         led.wait_reserve("huge", "finetune", {"host": 3.0}, "cancel", threading.Event())
     led.reserve("model a", "inference", {"host": 1.5}, "infer_unload name='a'")
     cancel = threading.Event()
