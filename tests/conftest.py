@@ -65,7 +65,7 @@ EXTRAS_BY_FOLDER: dict[str, tuple[str, ...]] = {
 # Single tests in files owned elsewhere that need an extra but carry no marker yet (node id without params).
 EXTRAS_BY_TEST: dict[str, tuple[str, ...]] = {
     "tests/estimate/test_inference.py::test_a_gguf_path_is_read_from_its_header": ("models",),
-    "tests/test_gpu.py::test_gpu_status_reports_a_missing_gpu_as_data_not_an_error": ("gpu",),
+    "tests/gpu/test_gpu.py::test_gpu_status_reports_a_missing_gpu_as_data_not_an_error": ("gpu",),
 }
 
 
@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not the keyword: tests/gpu/ is a package
             gpu = has_gpu() if gpu is None else gpu
             if not gpu:
                 item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU visible to NVML"))

@@ -15,8 +15,7 @@ import httpx2
 import pytest
 
 from gpubox.framing import BATCH, check, id_position
-
-from .conftest import GPUBOX, child_env, running_http_server
+from tests.conftest import GPUBOX, child_env, running_http_server
 
 INIT = {
     "jsonrpc": "2.0",

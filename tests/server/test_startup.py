@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import GPUBOX, child_env, free_port
+from tests.conftest import GPUBOX, child_env, free_port
 
 pytestmark = pytest.mark.slow
 

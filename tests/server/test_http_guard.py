@@ -10,8 +10,7 @@ import httpx2
 import pytest
 
 from gpubox.httpguard import MAX_HEADER_BYTES, MAX_HEADERS, MalformedHeader, header_problem, matches, parse_strict
-
-from .conftest import child_env, running_http_server
+from tests.conftest import child_env, running_http_server
 
 INIT = {
     "jsonrpc": "2.0",
