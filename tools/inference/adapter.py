@@ -159,10 +159,17 @@ def register(mcp: MCPServer[Any]) -> None:
         prompt_tokens: Annotated[int, Field(ge=8, le=131_072, description="Prompt length")] = 128,
         max_tokens: Annotated[int, Field(ge=1, le=8192, description="Tokens generated per request")] = 64,
     ) -> BenchmarkResult:
-        """Measure prefill and decode tokens/s, time to first token, latency p50/p95/p99, requests/s and peak
-        memory (on a GPU also the share of the bandwidth ceiling reached). Stored as a calibration so estimates
-        for this GPU use the measured efficiency."""
+        """Measure prefill and decode tokens/s, time to first token, latency p50/p95/p99, requests/s, aggregate
+        tokens/s and peak memory (on a GPU also the share of the bandwidth ceiling reached); in-process runs are
+        stored as a calibration. For a served model the requests go to its engine (concurrency = clients)."""
         state = app_state(ctx)
+        engine = await served(state, model)
+        if engine is not None:
+            held = services.ledger(state).holding(f"engine {engine.id}")
+            memory = sum(held.devices.values()) if held else 0.0
+            return await remote.benchmark(
+                engine, requests, concurrency, prompt_tokens, max_tokens, memory, ctx.report_progress
+            )
 
         def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> service.Recorded:
             if r.entry.format != "gguf" or decode <= 0:

@@ -103,10 +103,17 @@ class BenchmarkResult(BaseModel):
     latency_s_p95: float
     latency_s_p99: float
     requests_per_s: float
+    aggregate_tokens_per_s: float | None = Field(
+        default=None, description="Generated tokens of all requests over the wall time: what concurrency buys"
+    )
     peak_memory_gb: float
-    bandwidth_share: float | None = Field(None, description="On a GPU: decode bytes/s over the bandwidth ceiling")
-    calibration_id: int | None = Field(None, description="Row stored for the estimator (estimate_calibrations)")
-    calibration_note: str | None = Field(None, description="Why the figures were not stored, when they were not")
+    bandwidth_share: float | None = Field(
+        default=None, description="On a GPU: decode bytes/s over the bandwidth ceiling"
+    )
+    calibration_id: int | None = Field(default=None, description="Row stored for the estimator (estimate_calibrations)")
+    calibration_note: str | None = Field(
+        default=None, description="Why the figures were not stored, when they were not"
+    )
 
 
 class ChatMessage(BaseModel):

@@ -219,6 +219,7 @@ async def benchmark(
         latency_s_p95=round(pct(latencies, 0.95), 4),
         latency_s_p99=round(pct(latencies, 0.99), 4),
         requests_per_s=round(requests / wall, 3),
+        aggregate_tokens_per_s=round(sum(x.completion_tokens for x in results) / wall, 2),
         peak_memory_gb=round(peak_gb, 3),
         bandwidth_share=share,
         calibration_id=calib[0] if calib else None,

