@@ -9,6 +9,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import GetPromptResult, InputRequiredResult
+from mcp.types import Tool as MCPTool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -40,6 +41,15 @@ class GpuboxServer(MCPServer[AppState]):
     def __init__(self, state: AppState, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.state = state
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The SDK's tools/list with compact input schemas (gpubox.schema_compact): same constraints, fewer tokens."""
+        from gpubox.schema_compact import compact
+
+        tools = await super().list_tools()
+        for t in tools:
+            t.input_schema = compact(t.input_schema)
+        return tools
 
     async def get_prompt(
         self, name: str, arguments: dict[str, Any] | None = None, context: Context[AppState, Any] | None = None

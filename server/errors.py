@@ -9,6 +9,7 @@
     ├── CapacityError           the work cannot fit (memory, context length, resident-model budget)
     ├── BusyError               the resource is in use by another request or job
     ├── OutputRejectedError     generated output breaks the schema the caller asked for; names the violation
+    ├── DeclinedError           the user declined a confirmation (MCP elicitation); nothing was started
     └── ConfigError             settings are invalid or unsafe (e.g. public bind without a token)
 
 Core modules raise these; the MCP adapter layer (gpubox.registry) turns them into ToolError so the
@@ -53,6 +54,10 @@ class UnknownNameError(InvalidInputError):
 
 class OutputRejectedError(GpuboxError):
     """Generated output does not satisfy the requested JSON schema. The message keeps the text."""
+
+
+class DeclinedError(GpuboxError):
+    """The user declined (or dismissed) the confirmation of costly work: nothing was started."""
 
 
 class PathNotAllowedError(GpuboxError):

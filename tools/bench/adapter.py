@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from gpubox import services
+from gpubox.confirm import Confirmation, ask, require
 from gpubox.errors import InvalidInputError
 from gpubox.registry import READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
@@ -34,6 +36,14 @@ def bench(state: AppState) -> BenchService:
     return services.bench(state)
 
 
+def confirm_attention(ctx: Context, time_limit_s: float = 600) -> Any:
+    return ask(ctx, f"Benchmark attention kernels for up to {time_limit_s:.0f} s, holding the device alone?")
+
+
+def confirm_device(ctx: Context, time_limit_s: float = 300) -> Any:
+    return ask(ctx, f"Benchmark this device for up to {time_limit_s:.0f} s, holding it alone?")
+
+
 def as_list(value: int | list[int] | None, what: str) -> list[int] | None:
     if value is None:
         return None
@@ -54,6 +64,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Benchmark attention kernels")
     async def bench_attention(
         ctx: Context,
+        ok: Annotated[Confirmation, Resolve(confirm_attention)],
         batch: Annotated[int, Field(ge=1, le=256, description="Batch size B")] = 1,
         heads: Annotated[int | None, Field(ge=1, le=1024, description="Heads H; default 48 (GPU) / 4 (CPU)")] = None,
         seq_len: Annotated[
@@ -102,6 +113,7 @@ def register(mcp: MCPServer[Any]) -> None:
         winner; backends that cannot run a shape are listed as skipped with the library's reason. Returns the
         TFLOPS-vs-D and speedup plots as images (also at bench://runs/{run_id}/...). Compare runs with
         bench_list / bench_plot."""
+        require(ok, "bench_attention")
         seq_lens, head_dims = as_list(seq_len, "seq_len"), as_list(head_dim, "head_dim")
         if len(seq_lens or []) > 16 or len(head_dims or []) > 64:
             raise InvalidInputError("at most 16 seq_len and 64 head_dim values per run; split the sweep")
@@ -128,6 +140,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Benchmark the device")
     async def bench_device(
         ctx: Context,
+        ok: Annotated[Confirmation, Resolve(confirm_device)],
         device: DeviceArg = "auto",
         iterations: Annotated[
             int | None, Field(ge=1, le=100, description="Timed repeats; default 10 GPU / 5 CPU")
@@ -145,6 +158,7 @@ def register(mcp: MCPServer[Any]) -> None:
         (fp32, tf32, bf16, fp16, fp8 where supported) and pinned host<->device bandwidth; on the CPU, RAM bandwidth
         and BLAS GFLOPS (fp32/fp64). Each figure vs the estimator catalog's datasheet value (ratio). The result is
         stored as a calibration, so later estimate_* calls on this device use the measured figures."""
+        require(ok, "bench_device")
         params = {"device": device, "iterations": iterations, "matmul_size": matmul_size, "buffer_mb": buffer_mb}
         return await bench(app_state(ctx)).device(params, time_limit_s, ctx.report_progress, queue)
 

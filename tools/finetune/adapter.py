@@ -13,11 +13,13 @@ from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
 from gpubox import services
-from gpubox.errors import InvalidInputError
+from gpubox.confirm import Confirmation, ask, go_ahead, require
+from gpubox.errors import GpuboxError, InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.finetune.merge import Dtype, GgufOut, MergeResult
@@ -55,6 +57,26 @@ async def with_plot(ft: Finetuner, st: JobStatus) -> CallToolResult:
         return as_result(st, [note])
     png = await anyio.to_thread.run_sync(loss_png, points, f"job {st.job_id} ({st.adapter_name})")
     return as_result(st, [Image(data=png, format="png").to_image_content()])
+
+
+def confirm_launch(ctx: Context, plan_id: str) -> Any:
+    """Ask the user (when the client can) with the plan's time and memory before a job starts."""
+    try:
+        plan = finetuner(app_state(ctx)).load_plan(plan_id)
+    except GpuboxError:  # the tool body reports a bad plan_id; nothing to confirm
+        return go_ahead()
+    hours = f"about {plan.estimated_hours:.2f} h" if plan.estimated_hours else "an unknown time"
+    mem = f"about {plan.estimated_memory_gb:.1f} GB" if plan.estimated_memory_gb else "unknown memory"
+    return ask(
+        ctx,
+        f"Start fine-tuning {plan.base.name} ({plan.request.method}, {plan.total_steps} steps) on {plan.device}: "
+        f"{hours}, {mem}. It runs in the background until done or cancelled.",
+    )
+
+
+def confirm_merge(ctx: Context, job: str, gguf: str = "none") -> Any:
+    extra = f" and write a {gguf} GGUF" if gguf != "none" else ""
+    return ask(ctx, f"Merge the adapter of '{job}' into a 16-bit copy of its base model{extra} (minutes, disk space).")
 
 
 def build_request(fields: dict[str, Any]) -> FinetuneRequest:
@@ -100,6 +122,7 @@ def register(mcp: MCPServer[Any]) -> None:
     def finetune_launch(
         ctx: Context,
         plan_id: Annotated[str, Field(min_length=1, max_length=64, description="plan_id from finetune_plan")],
+        ok: Annotated[Confirmation, Resolve(confirm_launch)],
         queue: Annotated[
             bool, Field(description="When memory or the training slot is taken, wait in line instead of refusing")
         ] = False,
@@ -109,6 +132,7 @@ def register(mcp: MCPServer[Any]) -> None:
         not fit is refused naming who holds the memory, or with queue=true waits (state 'queued', queue_position)
         and starts when memory frees. On an out-of-memory error the worker halves the micro-batch and doubles
         accumulation (logged in events). Poll with finetune_status(job_id, wait_seconds=60)."""
+        require(ok, f"fine-tune plan {plan_id}")
         return finetuner(app_state(ctx)).launch(plan_id, queue=queue)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune status")
@@ -163,6 +187,7 @@ def register(mcp: MCPServer[Any]) -> None:
             str,
             Field(min_length=1, max_length=64, description="A completed job's job_id, or its adapter_name"),
         ],
+        ok: Annotated[Confirmation, Resolve(confirm_merge)],
         output_name: Annotated[
             str | None,
             Field(
@@ -193,6 +218,7 @@ def register(mcp: MCPServer[Any]) -> None:
         and infer_load serves it without peft. With gguf='f16'|'q8_0'|'f32' it also writes a GGUF that llama.cpp
         serves. Runs in a separate process with progress notifications; checks free disk first. Returns the
         paths and the names to pass to infer_load."""
+        require(ok, f"merging '{job}'")
         state = app_state(ctx)
         merger = services.merger(state)
         spec = await anyio.to_thread.run_sync(merger.prepare, finetuner(state), job, output_name, dtype, gguf)

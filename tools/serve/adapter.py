@@ -7,14 +7,28 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Resolve
 from pydantic import Field
 
 from gpubox import services
+from gpubox.confirm import Confirmation, ask, go_ahead, require
+from gpubox.errors import GpuboxError
 from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.tools.serve.plan import Overrides
 from gpubox.tools.serve.schemas import EngineList, EngineStatus
 
 EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$", description="Engine id")]
+
+
+async def confirm_serve(ctx: Context, model: str) -> Any:
+    """Ask the user (when the client can) with the memory the engine would hold, before it starts."""
+    svc = services.serve(app_state(ctx))
+    try:
+        _base, plan, _args = await anyio.to_thread.run_sync(lambda: svc.plan(model, Overrides()))
+    except GpuboxError:  # the tool body reports it
+        return go_ahead()
+    held = ", ".join(f"{gb:.1f} GB on {d}" for d, gb in plan.memory_gb.items())
+    return ask(ctx, f"Start a vLLM engine for {model}: it holds {held} until serve_stop; start-up takes minutes.")
 
 
 def register(mcp: MCPServer[Any]) -> None:
@@ -24,6 +38,7 @@ def register(mcp: MCPServer[Any]) -> None:
         model: Annotated[
             str, Field(min_length=1, max_length=4096, description="infer_models name, HF folder, or merged model")
         ],
+        ok: Annotated[Confirmation, Resolve(confirm_serve)],
         name: Annotated[
             str | None, Field(max_length=128, description="Served model name (default: the model's)")
         ] = None,
@@ -41,6 +56,7 @@ def register(mcp: MCPServer[Any]) -> None:
         id; start-up takes minutes. Flags are planned for the device present and the box ledger's free memory
         (returned as `plan` with reasons; each overridable). infer_chat/infer_complete for the served name go to
         the engine. Poll serve_status(engine_id, wait_seconds=60)."""
+        require(ok, f"serving {model}")
         svc = services.serve(app_state(ctx))
         o = Overrides(
             max_model_len, dtype, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,

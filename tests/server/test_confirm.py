@@ -1,0 +1,86 @@
+"""Confirmation before costly work through MCP elicitation, with the SDK client's own elicitation callback, in
+both protocol eras: accept runs the tool, decline and cancel start nothing and say so, a client without the
+capability is never asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mcp.types as t
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
+from tests.conftest import call_err
+
+pytestmark = pytest.mark.anyio
+
+
+def answering(action: str, asked: list[str]) -> Any:
+    async def callback(_context: Any, params: Any) -> t.ElicitResult:
+        asked.append(params.message)
+        if action == "accept":
+            return t.ElicitResult(action="accept", content={"confirm": True})
+        if action == "accept-unchecked":
+            return t.ElicitResult(action="accept", content={"confirm": False})
+        return t.ElicitResult(action=action)  # type: ignore[arg-type]
+
+    return callback
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize(
+    ("action", "expect"),
+    [
+        ("accept", "no fine-tuning job"),  # confirmed: the tool ran and reported the unknown job
+        ("accept-unchecked", "the user declined"),
+        ("decline", "the user declined"),
+        ("cancel", "the user dismissed"),
+        (None, "no fine-tuning job"),  # no elicitation capability: not asked, runs as before
+    ],
+)
+async def test_a_merge_is_confirmed_first_and_a_refusal_starts_nothing(
+    tmp_path: Path, mode: str, action: str | None, expect: str
+) -> None:
+    asked: list[str] = []
+    kwargs = {"elicitation_callback": answering(action, asked)} if action else {}
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        async with Client(mcp, mode=mode, **kwargs) as c:  # type: ignore[arg-type]
+            text = await call_err(c, "finetune_merge", job="abc123", gguf="q8_0")
+    finally:
+        state_of(mcp).close()
+    assert expect in text, text
+    if action is None:
+        assert asked == []
+    else:
+        assert asked and "abc123" in asked[0] and "q8_0 GGUF" in asked[0]
+    if "declined" in expect or "dismissed" in expect:
+        assert "Nothing is running" in text
+        assert not (tmp_path / "s" / "models").exists() or not any((tmp_path / "s" / "models").iterdir())
+
+
+async def test_a_benchmark_asks_with_its_time_limit(tmp_path: Path) -> None:
+    asked: list[str] = []
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        async with Client(mcp, elicitation_callback=answering("decline", asked)) as c:
+            text = await call_err(c, "bench_device", device="cpu", time_limit_s=42)
+            runs = (await c.call_tool("bench_list", {})).structured_content
+    finally:
+        state_of(mcp).close()
+    assert asked == ["Benchmark this device for up to 42 s, holding it alone?"]
+    assert "bench_device was not started" in text and runs is not None and runs["runs"] == []
+
+
+async def test_confirmation_parameters_stay_out_of_the_input_schema(tmp_path: Path) -> None:
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        async with Client(mcp) as c:
+            tools = {x.name: x for x in (await c.list_tools()).tools}
+    finally:
+        state_of(mcp).close()
+    for name in ("finetune_launch", "finetune_merge", "serve_start", "bench_attention", "bench_device"):
+        assert "ok" not in tools[name].input_schema["properties"], name
