@@ -15,9 +15,10 @@ from gpubox.prompts import bench, finetune, gpu, search
 R = TypeVar("R")
 
 
-def register(mcp: MCPServer[Any]) -> None:
-    for module in (gpu, search, finetune, bench):
-        module.register(mcp)
+def register(mcp: MCPServer[Any], families: set[str] | None = None) -> None:
+    for module, family in ((gpu, "gpu"), (search, "search"), (finetune, "finetune"), (bench, "bench")):
+        if families is None or family in families:
+            module.register(mcp)
 
 
 async def checked_get(

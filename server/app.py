@@ -87,11 +87,19 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
     )
 
     from gpubox import prompts, resources, tools
+    from gpubox.registry import registered_tools
+    from gpubox.toolsets import Toolset
 
+    toolset = Toolset(settings.tools)
     for family in tools.families():
         family.register(mcp)
-    resources.register(mcp)
-    prompts.register(mcp)
+    names = registered_tools(mcp)
+    toolset.check(names)
+    for name in names:
+        if not toolset.exposes_tool(name):
+            mcp.remove_tool(name)
+    resources.register(mcp, toolset.families())
+    prompts.register(mcp, toolset.families())
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(_: Request) -> JSONResponse:

@@ -40,6 +40,7 @@ def _settings_args(p: argparse.ArgumentParser) -> None:
         help="directory scanned for models; repeatable (GPUBOX_MODEL_DIRS)",
     )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--tools", help="families or tools to expose, e.g. gpu,estimate,search (GPUBOX_TOOLS; default all)")
 
 
 def _load_settings(ns: argparse.Namespace) -> Any:
@@ -49,6 +50,7 @@ def _load_settings(ns: argparse.Namespace) -> Any:
         k: getattr(ns, k, None)
         for k in (
             "state_dir",
+            "tools",
             "allowed_roots",
             "model_dirs",
             "log_level",

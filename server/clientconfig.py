@@ -34,6 +34,8 @@ def stdio_env(settings: Settings) -> dict[str, str]:
     }
     if settings.model_dirs:
         env["GPUBOX_MODEL_DIRS"] = os.pathsep.join(str(p) for p in settings.model_dirs)
+    if settings.tools:
+        env["GPUBOX_TOOLS"] = ",".join(settings.tools)
     return env
 
 

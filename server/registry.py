@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -81,9 +82,18 @@ def gpubox_tool(mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str
 
     def decorator(fn: F) -> F:
         mcp.tool(title=title, annotations=annotations)(_translating(fn, _tool_error))
+        _REGISTERED.setdefault(mcp, []).append(fn.__name__)
         return fn
 
     return decorator
+
+
+_REGISTERED: weakref.WeakKeyDictionary[MCPServer[Any], list[str]] = weakref.WeakKeyDictionary()
+
+
+def registered_tools(mcp: MCPServer[Any]) -> list[str]:
+    """Names of the tools registered on `mcp` through gpubox_tool (the SDK lists tools only once serving)."""
+    return list(_REGISTERED.get(mcp, []))
 
 
 def gpubox_resource(

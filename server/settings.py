@@ -175,6 +175,12 @@ class Settings(BaseSettings):
         "natively (AMX or AVX512-BF16), else fp32. Vectors from either precision can share an index.",
     )
 
+    tools: StrList = Field(
+        default_factory=list,
+        description="Families (gpu, box, estimate, search, infer, serve, finetune, bench) or tool names to expose; "
+        "empty: all. Resources and prompts follow the families.",
+    )
+
     # --- box memory ledger (every family reserves here before it allocates) ---------------------
     memory_budget_gb: float | None = Field(
         default=None,
@@ -303,7 +309,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"memory_budgets: {device}={gb} must be above 0 and at most 65536 GB")
         return value
 
-    @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", "tools", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
