@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import GetPromptResult, InputRequiredResult
+from mcp.types import CallToolResult, GetPromptResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -50,6 +51,17 @@ class GpuboxServer(MCPServer[AppState]):
         for t in tools:
             t.input_schema = compact(t.input_schema)
         return tools
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[AppState, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """The SDK's tools/call with compact JSON text (the SDK indents it: a third more tokens for nothing)."""
+        result = await super().call_tool(name, arguments, context)
+        if isinstance(result, CallToolResult):
+            for block in result.content:
+                if isinstance(block, TextContent) and block.text[:1] in ("{", "["):
+                    block.text = compact_json_text(block.text)
+        return result
 
     async def get_prompt(
         self, name: str, arguments: dict[str, Any] | None = None, context: Context[AppState, Any] | None = None
@@ -107,6 +119,13 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
         return JSONResponse({"status": "ok", "name": "gpubox", "version": __version__})
 
     return mcp
+
+
+def compact_json_text(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+    except ValueError:  # text that only starts like JSON stays as it is
+        return text
 
 
 def state_of(mcp: MCPServer[Any]) -> AppState:

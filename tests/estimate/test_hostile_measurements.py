@@ -119,7 +119,7 @@ async def test_bench_device_calibrations_meet_the_same_bounds(
     spec = estimator(state).device_spec("A10")
     figures = [DeviceFigure(name="memory_copy", unit="GB/s", measured=bandwidth)]
     figures += [DeviceFigure(name=f"matmul_{k}", unit="TFLOPS", measured=v) for k, v in tflops.items()]
-    said = calibrate.record(state, "cuda", spec, figures, "20200101-000000-device-abcdef")
+    said = calibrate.record(estimator(state), "cuda", spec, figures, "20200101-000000-device-abcdef")
     assert said.startswith("nothing stored") and field in said, said
     assert estimator(state).store.devices() == []
 
@@ -207,8 +207,10 @@ async def test_stored_rows_out_of_bounds_are_ignored_with_a_warning_also_after_a
     with caplog.at_level(logging.WARNING, logger="gpubox.estimate"):
         check_estimates_ignore(ids, *await estimates(client))
     assert f"calibration #{ids['huge_eff']} " in caplog.text and "ignored by estimates" in caplog.text
-    everything = await call_ok(client, "estimate_inference", model="Qwen2.5-0.5B", gpu="all")
+    everything = await call_ok(client, "estimate_inference", model="Qwen2.5-0.5B", gpu="all", detail=True)
     assert all(math.isfinite(r["decode_tokens_per_s"]) for r in everything["results"])
+    ranked = await call_ok(client, "estimate_inference", model="Qwen2.5-0.5B", gpu="all")
+    assert all(math.isfinite(row[3]) for row in ranked["ranking"]["rows"])
     listed = await call_ok(client, "estimate_calibrations")  # the client validates the listing's schema too
     flagged = {m["id"] for m in listed["measurements"] if m["ignored"]}
     assert flagged == {ids[k] for k in ("huge_eff", "text", "bad_config", "inf_mfu", "huge_factor")}

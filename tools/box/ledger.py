@@ -323,6 +323,16 @@ class Ledger:
             self._cond.notify_all()
             return h
 
+    def rename(self, owner: str, new_owner: str) -> bool:
+        """Move a holding to another owner name (memory still held, the old name free for new work)."""
+        with self._cond:
+            h = self._holdings.pop(owner, None)
+            if h is None:
+                return False
+            self._holdings[new_owner] = h.model_copy(update={"owner": new_owner})
+            self._save()
+            return True
+
     def holders(self, kind: Kind) -> list[str]:
         with self._cond:
             return [o for o, h in self._holdings.items() if h.kind == kind]

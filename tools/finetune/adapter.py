@@ -36,7 +36,7 @@ from gpubox.tools.finetune.service import Finetuner
 
 # Filled in by the plan from the dataset and the device present, not by the caller.
 PLAN_ONLY = {"dataset_samples", "dataset_tokens", "gpu", "tokens_per_s"}
-JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$", description="Job id")]
+JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$")]
 
 
 def finetuner(state: AppState) -> Finetuner:
@@ -45,7 +45,7 @@ def finetuner(state: AppState) -> Finetuner:
 
 def as_result(st: JobStatus, extra: list[Any] | None = None) -> CallToolResult:
     """The status as structured content plus its JSON text, as a plain `-> JobStatus` tool returns it."""
-    content: list[Any] = [TextContent(type="text", text=st.model_dump_json(indent=1)), *(extra or [])]
+    content: list[Any] = [TextContent(type="text", text=st.model_dump_json()), *(extra or [])]
     return CallToolResult(content=content, structured_content=st.model_dump(mode="json"))
 
 
@@ -107,11 +107,8 @@ def _plan_signature() -> inspect.Signature:
 
 def register(mcp: MCPServer[Any]) -> None:
     def finetune_plan(ctx: Context, **request: Any) -> FinetunePlan:
-        """Plan a LoRA/QLoRA/full fine-tune before launching it: validates every dataset row (chat 'messages',
-        prompt/completion or 'text'; the first bad row is named), summarises the data (rows, token length
-        percentiles, rows truncated at max_length), resolves the base model, and picks the micro-batch, gradient
-        accumulation and checkpointing for the device present (GPU, or host RAM on CPU) from the estimator's memory
-        planner, with estimated tokens/s and time. Returns a plan_id: pass it to finetune_launch."""
+        """Check every dataset row and plan a fine-tune for this device: micro-batch, accumulation, memory, time.
+        Returns a plan_id for finetune_launch."""
         state = app_state(ctx)
         return finetuner(state).plan(build_request(request), services.estimator(state))
 
@@ -121,17 +118,11 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Launch a fine-tune")
     def finetune_launch(
         ctx: Context,
-        plan_id: Annotated[str, Field(min_length=1, max_length=64, description="plan_id from finetune_plan")],
+        plan_id: Annotated[str, Field(min_length=1, max_length=64, description="From finetune_plan")],
         ok: Annotated[Confirmation, Resolve(confirm_launch)],
-        queue: Annotated[
-            bool, Field(description="When memory or the training slot is taken, wait in line instead of refusing")
-        ] = False,
+        queue: Annotated[bool, Field(description="Wait for memory instead of refusing")] = False,
     ) -> JobStatus:
-        """Start the planned job in a background worker process (trl SFTTrainer + peft) and return at once with
-        its job_id, its memory reserved in the box ledger (box_plan). One job runs at a time; a launch that does
-        not fit is refused naming who holds the memory, or with queue=true waits (state 'queued', queue_position)
-        and starts when memory frees. On an out-of-memory error the worker halves the micro-batch and doubles
-        accumulation (logged in events). Poll with finetune_status(job_id, wait_seconds=60)."""
+        """Start a planned fine-tune in the background; returns its job_id at once. Poll finetune_status."""
         require(ok, f"fine-tune plan {plan_id}")
         return finetuner(app_state(ctx)).launch(plan_id, queue=queue)
 
@@ -139,18 +130,11 @@ def register(mcp: MCPServer[Any]) -> None:
     async def finetune_status(
         ctx: Context,
         job_id: JobId,
-        wait_seconds: Annotated[
-            float, Field(ge=0, le=60, description="Long-poll: wait up to this long for the step or state to change")
-        ] = 0,
-        include_log: Annotated[bool, Field(description="Include the last lines of the job log")] = False,
-        include_plot: Annotated[
-            bool, Field(description="Also return the training-loss curve as a PNG image (MCP image content)")
-        ] = False,
+        wait_seconds: Annotated[float, Field(ge=0, le=60, description="Wait this long for progress")] = 0,
+        include_log: Annotated[bool, Field(description="Add the log tail")] = False,
+        include_plot: Annotated[bool, Field(description="Add the loss curve image")] = False,
     ) -> Annotated[CallToolResult, JobStatus]:
-        """State, step/total, epoch, latest and smoothed loss, eval loss, learning rate, tokens/s, elapsed and
-        ETA, peak memory, checkpoints, adapter path, decisions taken (events) and, for failed jobs, the log tail.
-        With wait_seconds it returns as soon as the step or state changes (progress notifications meanwhile).
-        With include_plot the loss curve comes back as an image too (also at finetune://jobs/{job_id}/loss.png)."""
+        """A job's state, step, loss, tokens/s, ETA, memory, checkpoints and events (log tail if it failed)."""
         ft = finetuner(app_state(ctx))
         st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
         deadline = time.monotonic() + wait_seconds
@@ -162,22 +146,18 @@ def register(mcp: MCPServer[Any]) -> None:
         return await with_plot(ft, st) if include_plot else as_result(st)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Fine-tune jobs")
-    def finetune_list(
-        ctx: Context, limit: Annotated[int, Field(ge=1, le=1000, description="Most jobs to return")] = 20
-    ) -> JobList:
+    def finetune_list(ctx: Context, limit: Annotated[int, Field(ge=1, le=1000)] = 20) -> JobList:
         """Fine-tuning jobs on this box, newest first, with their status."""
         return finetuner(app_state(ctx)).list(limit)
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Cancel a fine-tune")
     def finetune_cancel(ctx: Context, job_id: JobId) -> JobStatus:
-        """Stop a running job cleanly: it saves a checkpoint at the end of the current step and exits (waits up
-        to a minute). finetune_resume continues it from that checkpoint."""
+        """Stop a job cleanly, saving a checkpoint that finetune_resume continues from."""
         return finetuner(app_state(ctx)).cancel(job_id)
 
     @gpubox_tool(mcp, annotations=WRITES, title="Resume a fine-tune")
     def finetune_resume(ctx: Context, job_id: JobId) -> JobStatus:
-        """Restart a cancelled or failed job with the same configuration from its latest checkpoint, in a new
-        background worker. Poll with finetune_status."""
+        """Continue a cancelled or failed job from its latest checkpoint."""
         return finetuner(app_state(ctx)).resume(job_id)
 
     @gpubox_tool(mcp, annotations=WRITES, title="Merge a fine-tuned adapter (and export GGUF)")
@@ -185,39 +165,24 @@ def register(mcp: MCPServer[Any]) -> None:
         ctx: Context,
         job: Annotated[
             str,
-            Field(min_length=1, max_length=64, description="A completed job's job_id, or its adapter_name"),
+            Field(min_length=1, max_length=64, description="job_id or adapter_name"),
         ],
         ok: Annotated[Confirmation, Resolve(confirm_merge)],
         output_name: Annotated[
             str | None,
-            Field(
-                pattern=NAME_PATTERN,
-                description="Name of the merged model in infer_models; default '<adapter_name>-merged'",
-            ),
+            Field(pattern=NAME_PATTERN, description="Default '<adapter_name>-merged'"),
         ] = None,
         dtype: Annotated[
             Dtype,
-            Field(
-                description="Dtype the base is loaded and saved in; 'auto': bf16 for a bf16 original, else fp16. "
-                "Never 4-bit: QLoRA jobs are merged into a 16-bit reload of the base"
-            ),
+            Field(description="'auto': bf16 for a bf16 base, else fp16"),
         ] = "auto",
         gguf: Annotated[
             GgufOut,
-            Field(
-                description="Also write a GGUF for llama.cpp: f16, q8_0 (8-bit, about half the size) or f32; "
-                "possible when the base came from a GGUF (the bundled model does)"
-            ),
+            Field(description="Also write a GGUF (needs a GGUF base)"),
         ] = "none",
-        time_limit_s: Annotated[
-            float, Field(ge=10, le=86_400, description="Seconds before the merge process is stopped")
-        ] = 3600,
+        time_limit_s: Annotated[float, Field(ge=10, le=86_400)] = 3600,
     ) -> MergeResult:
-        """Fold a finished LoRA/QLoRA adapter into a 16-bit copy of its base (peft merge_and_unload) and save it
-        as an HF folder (safetensors + tokenizer) in the state dir's models folder, where infer_models lists it
-        and infer_load serves it without peft. With gguf='f16'|'q8_0'|'f32' it also writes a GGUF that llama.cpp
-        serves. Runs in a separate process with progress notifications; checks free disk first. Returns the
-        paths and the names to pass to infer_load."""
+        """Merge a finished adapter into a 16-bit copy of its base, saved as a model infer_load serves."""
         require(ok, f"merging '{job}'")
         state = app_state(ctx)
         merger = services.merger(state)

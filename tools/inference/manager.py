@@ -53,6 +53,7 @@ class Resident:
     keep_alive: float
     adapter: str | None = None
     pinned: bool = False
+    holder: str | None = None  # the ledger holding while it is being closed (see _detach)
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     busy: int = 0
@@ -277,7 +278,7 @@ class ModelManager:
                         "every resident model is pinned, generating or loading; retry when one finishes, or "
                         "infer_unload a pinned one"
                     )
-                victims.append(self.resident.pop(idle[0].name))
+                victims.append(self._detach(self.resident.pop(idle[0].name)))
             self._loading[key] = need_gb
         for r in victims:  # popped while idle, so no request can reach them: close outside the lock
             self._close(r)
@@ -302,7 +303,7 @@ class ModelManager:
                 if victims is None:
                     raise
                 for r in victims:
-                    self.resident.pop(r.name, None)
+                    self._detach(self.resident.pop(r.name))
         for r in victims:
             self._close(r)
         self.ledger.reserve(owner, "inference", needs, frees, pinned=pin)
@@ -312,6 +313,8 @@ class ModelManager:
         key = name.lower()
         with self._changed:
             r = self.resident.pop(key, None)
+            if r is not None:
+                self._detach(r)
             while r is not None and r.busy > 0:  # new requests cannot find it; wait for the running ones
                 self._changed.wait()
         if r is None:
@@ -327,7 +330,14 @@ class ModelManager:
         except Exception:  # the model is gone from the registry either way
             log.exception("closing %s", r.name)
         finally:
-            self.ledger.release(owner_of(r.name))
+            self.ledger.release(r.holder or owner_of(r.name))
+
+    def _detach(self, r: Resident) -> Resident:
+        """Called under the lock as `r` leaves `resident`: its memory stays reserved until it is closed, under a
+        name of its own, so a new load of the same model can reserve at once."""
+        r.holder = f"{owner_of(r.name)} (unloading {id(r):x})"
+        self.ledger.rename(owner_of(r.name), r.holder)
+        return r
 
     def acquire(self, name: str | None) -> Resident:
         """The model to run: the named one (loading it if needed), else the most recently used, else the default."""
@@ -373,7 +383,7 @@ class ModelManager:
                 if r.keep_alive > 0 and r.busy == 0 and not r.pinned and now - r.last_used >= r.keep_alive
             ]
             for r in idle:
-                del self.resident[r.name]
+                self._detach(self.resident.pop(r.name))
         for r in idle:
             log.info("unloading %s after %.0f s idle", r.name, r.keep_alive)
             self._close(r)
