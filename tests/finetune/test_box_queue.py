@@ -46,6 +46,7 @@ async def test_a_launch_that_does_not_fit_is_refused_or_queued_until_memory_free
             assert box["box"]["queued"] == [f"fine-tune job {job['job_id']}"]
 
             await call_ok(c, "infer_unload", name=MODEL)
+
             async def left_queue() -> dict[str, object] | None:
                 st = await call_ok(c, "finetune_status", job_id=job["job_id"], wait_seconds=30)
                 return st if st["state"] != "queued" else None
