@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gpubox.tools.gpu.session import SessionMeter
     from gpubox.tools.inference.manager import ModelManager
     from gpubox.tools.search.service import SearchService
-    from gpubox.tools.serve.service import ServeService
+    from gpubox.tools.serve.service import Adapter, ServeService
 
 LEDGER, ESTIMATE, SEARCH, INFERENCE, FINETUNE, MERGE, BENCH, SESSION, IDLE, SERVE = (
     "ledger",
@@ -125,7 +125,33 @@ def serve(state: AppState) -> ServeService:
     from gpubox.tools.serve.service import ServeService
 
     # lazy: listing engines never builds the fine-tuning family; resolving a model to serve does
-    return state.service(SERVE, lambda s: ServeService(s, ledger(state), lambda m: finetuner(state).resolve_base(m)))
+    return state.service(
+        SERVE,
+        lambda s: ServeService(
+            s, ledger(state), lambda m: finetuner(state).resolve_base(m), lambda m: lora_adapter(state, m)
+        ),
+    )
+
+
+def lora_adapter(state: AppState, name: str) -> Adapter | None:
+    """A LoRA adapter here (a fine-tune job's output or one in the model dirs) with its base, for serving."""
+    import json
+    from pathlib import Path
+
+    from gpubox.tools.finetune.schemas import ResolvedBase
+    from gpubox.tools.serve.service import Adapter
+
+    mgr = models(state)
+    d = mgr.discovered().get(name.lower())
+    if d is None or d.format != "lora":
+        return None
+    base = mgr.base_of(d)
+    if base.format == "gguf":
+        resolved = finetuner(state).resolve_base(base.name)
+    else:  # an HF folder: a model dir's, or the copy fine-tuning trained on in its own state dir
+        resolved = ResolvedBase(name=base.name, path=str(base.path), format="hf", hf_path=str(base.path), hf_ready=True)
+    cfg = json.loads((Path(d.path) / "adapter_config.json").read_text(encoding="utf-8"))
+    return Adapter(name=d.name, path=Path(d.path), rank=int(cfg.get("r") or 8), base=resolved)
 
 
 def serve_if_built(state: AppState) -> ServeService | None:

@@ -64,3 +64,15 @@ def test_overrides_are_checked_against_the_model_and_the_box() -> None:
         plan_engine(s, 16.0, None, [], 64.0, 2048, Overrides(max_model_len=10_000_000))
     plan, _ = plan_engine(s, 16.0, None, gpus, 64.0, 2048, Overrides(tensor_parallel_size=2, dtype="float16"))
     assert plan.tensor_parallel_size == 2 and plan.dtype == "float16" and "as asked" in plan.reasons[-2]
+
+
+def test_a_lora_adapter_is_served_on_its_base_by_name_with_a_rank_vllm_accepts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from gpubox.tools.finetune.schemas import ResolvedBase
+    from gpubox.tools.serve.service import Adapter, lora_args
+
+    base = ResolvedBase(name="b", path="/m", format="hf", hf_path="/m", hf_ready=True)
+    args = lora_args(Adapter(name="glimmer", path=Path("/a/glimmer"), rank=12, base=base))
+    assert args == ["--enable-lora", "--lora-modules", "glimmer=/a/glimmer", "--max-lora-rank", "16"]
+    assert lora_args(Adapter(name="x", path=Path("/x"), rank=4096, base=base))[-1] == "512"

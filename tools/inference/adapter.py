@@ -28,17 +28,15 @@ from gpubox.tools.inference.schemas import (
 from gpubox.tools.serve import remote
 from gpubox.tools.serve.schemas import EngineRecord
 
-ModelName = Annotated[
-    str | None, Field(description="Model name from infer_models; default: the loaded one, else the bundled SmolLM2")
-]
-MaxTokens = Annotated[int, Field(ge=1, le=131_072, description="Most tokens to generate")]
-Temperature = Annotated[float, Field(ge=0, le=5, description="Sampling temperature; 0 = greedy")]
-TopP = Annotated[float, Field(gt=0, le=1, description="Nucleus sampling")]
-TopK = Annotated[int, Field(ge=0, le=1000, description="Top-k sampling (0 = off)")]
-Repeat = Annotated[float, Field(ge=0.5, le=3, description="Repeat penalty")]
-Stop = Annotated[list[str] | None, Field(description="Stop sequences", max_length=16)]
-Seed = Annotated[int | None, Field(ge=0, description="Seed for reproducible sampling")]
-Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the output must follow (llama.cpp grammar)")]
+ModelName = Annotated[str | None, Field(description="Default: the loaded one, else the bundled SmolLM2")]
+MaxTokens = Annotated[int, Field(ge=1, le=131_072)]
+Temperature = Annotated[float, Field(ge=0, le=5, description="0 = greedy")]
+TopP = Annotated[float, Field(gt=0, le=1)]
+TopK = Annotated[int, Field(ge=0, le=1000, description="0 = off")]
+Repeat = Annotated[float, Field(ge=0.5, le=3)]
+Stop = Annotated[list[str] | None, Field(max_length=16)]
+Seed = Annotated[int | None, Field(ge=0)]
+Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the output must follow")]
 
 
 def manager(state: AppState) -> ModelManager:
@@ -56,10 +54,8 @@ async def served(state: AppState, model: str | None) -> EngineRecord | None:
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Models")
     def infer_models(ctx: Context) -> ModelList:
-        """Models that can be run: the bundled SmolLM2-135M GGUF, GGUF files and HF folders in the model dirs, and
-        LoRA adapters (also those fine-tuning saved); with architecture, parameters, quantisation, context, size,
-        chat template, where each loaded one runs (device, memory), and `problem` when a file cannot be read.
-        Load with infer_load or just call infer_chat. `served`: models engines serve (serve_start, serve_attach)."""
+        """Runnable models (bundled SmolLM2, GGUF files, HF folders, LoRA adapters) with size, quantisation,
+        context and where each is loaded; `served`: models that engines serve."""
         state = app_state(ctx)
         result = manager(state).list()
         result.served = [
@@ -72,25 +68,22 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Load a model")
     async def infer_load(
         ctx: Context,
-        name: Annotated[str, Field(description="Model or LoRA adapter name from infer_models", min_length=1)],
-        backend: Annotated[Literal["auto", "llama.cpp", "transformers"], Field(description="Engine")] = "auto",
-        context_length: Annotated[int | None, Field(ge=128, le=1_048_576, description="Context to allocate")] = None,
-        n_gpu_layers: Annotated[
-            int | None, Field(ge=-1, le=1000, description="Override the fit plan: layers on the GPU (-1 all)")
-        ] = None,
-        kv_cache_type: Annotated[Literal["f16", "q8_0", "q4_0"], Field(description="KV-cache type")] = "f16",
+        name: Annotated[str, Field(description="Model or adapter from infer_models", min_length=1)],
+        backend: Literal["auto", "llama.cpp", "transformers"] = "auto",
+        context_length: Annotated[int | None, Field(ge=128, le=1_048_576)] = None,
+        n_gpu_layers: Annotated[int | None, Field(ge=-1, le=1000, description="Override the plan; -1 = all")] = None,
+        kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16",
         quantization: Annotated[
-            Literal["4bit", "8bit"] | None, Field(description="transformers: load HF weights with bitsandbytes")
+            Literal["4bit", "8bit"] | None, Field(description="transformers backend (bitsandbytes)")
         ] = None,
-        adapter: Annotated[str | None, Field(description="LoRA adapter to apply to this base model")] = None,
+        adapter: Annotated[str | None, Field(description="LoRA adapter to apply")] = None,
         keep_alive_s: Annotated[
-            float | None, Field(ge=0, le=604_800, description="Idle seconds before unload; 0 = never idle-unload")
+            float | None, Field(ge=0, le=604_800, description="Idle seconds before unload; 0 = never")
         ] = None,
-        pin: Annotated[bool, Field(description="Never evict or idle-unload it; only infer_unload frees it")] = False,
+        pin: Annotated[bool, Field(description="Never evict or idle-unload")] = False,
     ) -> LoadResult:
-        """Load a model with GPU offload, context and KV type chosen by the estimator's fit plan for the free VRAM
-        (returned as `plan`), reserving its memory in the box ledger (box_plan). Evicts idle unpinned models, least
-        recently used first, when that makes room; otherwise refuses naming who holds the memory."""
+        """Load a model with GPU layers and context planned for free memory; evicts idle models if that makes
+        room, else refuses naming who holds the memory."""
         mgr = manager(app_state(ctx))
         return await anyio.to_thread.run_sync(
             lambda: mgr.load(
@@ -99,15 +92,15 @@ def register(mcp: MCPServer[Any]) -> None:
         )
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Unload a model")
-    async def infer_unload(ctx: Context, name: Annotated[str, Field(description="Loaded model name")]) -> UnloadResult:
-        """Free a loaded model's memory (waits for a running request to finish)."""
+    async def infer_unload(ctx: Context, name: str) -> UnloadResult:
+        """Free a loaded model's memory (after its running request)."""
         mgr = manager(app_state(ctx))
         return await anyio.to_thread.run_sync(mgr.unload, name)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Chat")
     async def infer_chat(
         ctx: Context,
-        messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000, description="The conversation")],
+        messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000)],
         model: ModelName = None,
         max_tokens: MaxTokens = 256,
         temperature: Temperature = 0.7,
@@ -118,21 +111,18 @@ def register(mcp: MCPServer[Any]) -> None:
         seed: Seed = None,
         json_schema: Schema = None,
     ) -> GenerationResult:
-        """Chat with a model (rendered with its chat template): in-process, one request at a time per model (a
-        model served with serve_start batches many clients; its requests go to the engine). Text streams as MCP
-        progress; cancelling stops generation. Returns text, finish reason, token counts, time to first token
-        and prefill/decode tokens/s."""
+        """Chat with a model using its chat template; text streams as progress. A served model's engine answers."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         msgs = [m.model_dump() for m in messages]
         engine = await served(app_state(ctx), model)
         if engine is not None:
-            return await remote.generate(engine, msgs, None, params, ctx.report_progress)
+            return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model)
         return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Complete")
     async def infer_complete(
         ctx: Context,
-        prompt: Annotated[str, Field(min_length=1, max_length=4_000_000, description="Raw prompt to continue")],
+        prompt: Annotated[str, Field(min_length=1, max_length=4_000_000)],
         model: ModelName = None,
         max_tokens: MaxTokens = 256,
         temperature: Temperature = 0.7,
@@ -143,25 +133,23 @@ def register(mcp: MCPServer[Any]) -> None:
         seed: Seed = None,
         json_schema: Schema = None,
     ) -> GenerationResult:
-        """Continue a raw prompt (no chat template). Streams progress, honours cancellation, reports speeds."""
+        """Continue a raw prompt (no chat template); text streams as progress."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         engine = await served(app_state(ctx), model)
         if engine is not None:
-            return await remote.generate(engine, None, prompt, params, ctx.report_progress)
+            return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model)
         return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")
     async def infer_benchmark(
         ctx: Context,
         model: ModelName = None,
-        requests: Annotated[int, Field(ge=1, le=10_000, description="Requests to run")] = 8,
+        requests: Annotated[int, Field(ge=1, le=10_000)] = 8,
         concurrency: Annotated[int, Field(ge=1, le=256, description="Requests in flight")] = 1,
-        prompt_tokens: Annotated[int, Field(ge=8, le=131_072, description="Prompt length")] = 128,
-        max_tokens: Annotated[int, Field(ge=1, le=8192, description="Tokens generated per request")] = 64,
+        prompt_tokens: Annotated[int, Field(ge=8, le=131_072)] = 128,
+        max_tokens: Annotated[int, Field(ge=1, le=8192, description="Per request")] = 64,
     ) -> BenchmarkResult:
-        """Measure prefill and decode tokens/s, time to first token, latency p50/p95/p99, requests/s, aggregate
-        tokens/s and peak memory (on a GPU also the share of the bandwidth ceiling reached); in-process runs are
-        stored as a calibration. For a served model the requests go to its engine (concurrency = clients)."""
+        """Measure a model's prefill/decode tok/s, time to first token, latency percentiles and peak memory."""
         state = app_state(ctx)
         engine = await served(state, model)
         if engine is not None:

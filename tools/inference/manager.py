@@ -123,7 +123,8 @@ class ModelManager:
             "model", name, found.keys(), hint="infer_models lists them; add folders with GPUBOX_MODEL_DIRS."
         )
 
-    def _base_of(self, adapter: Discovered) -> Discovered:
+    def base_of(self, adapter: Discovered) -> Discovered:
+        """The base model a LoRA adapter was trained on, among the models here."""
         base = adapter.base_model or ""
         found = self.discovered()
         if base.startswith("/") and "\x00" not in base:
@@ -216,7 +217,7 @@ class ModelManager:
         d = self.find(name)
         adapter_d: Discovered | None = None
         if d.format == "lora":
-            adapter_d, d = d, self._base_of(d)
+            adapter_d, d = d, self.base_of(d)
         elif adapter:
             adapter_d = self.find(adapter)
             if adapter_d.format != "lora":

@@ -17,7 +17,7 @@ from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_to
 from gpubox.tools.serve.plan import Overrides
 from gpubox.tools.serve.schemas import EngineList, EngineStatus
 
-EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$", description="Engine id")]
+EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$")]
 
 
 async def confirm_serve(ctx: Context, model: str) -> Any:
@@ -35,27 +35,21 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Serve a model with vLLM")
     async def serve_start(
         ctx: Context,
-        model: Annotated[
-            str, Field(min_length=1, max_length=4096, description="infer_models name, HF folder, or merged model")
-        ],
+        model: Annotated[str, Field(min_length=1, max_length=4096, description="infer_models name or HF folder")],
         ok: Annotated[Confirmation, Resolve(confirm_serve)],
-        name: Annotated[
-            str | None, Field(max_length=128, description="Served model name (default: the model's)")
-        ] = None,
+        name: Annotated[str | None, Field(max_length=128, description="Served name; default: the model's")] = None,
         max_model_len: Annotated[int | None, Field(ge=128, le=1_048_576)] = None,
         dtype: Annotated[Literal["auto", "bfloat16", "float16", "float32"] | None, Field()] = None,
         tensor_parallel_size: Annotated[int | None, Field(ge=1, le=64)] = None,
         pipeline_parallel_size: Annotated[int | None, Field(ge=1, le=64)] = None,
-        nodes: Annotated[int, Field(ge=1, le=64, description="Nodes in a Ray cluster (pipeline across them)")] = 1,
+        nodes: Annotated[int, Field(ge=1, le=64, description="Ray cluster nodes")] = 1,
         gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1)] = None,
         kv_cache_space_gb: Annotated[int | None, Field(ge=1, le=4096, description="CPU KV-cache space")] = None,
         enforce_eager: Annotated[bool | None, Field(description="Skip graph capture/compilation")] = None,
-        port: Annotated[int | None, Field(ge=1024, le=65535, description="Loopback port (default: a free one)")] = None,
+        port: Annotated[int | None, Field(ge=1024, le=65535, description="Default: a free one")] = None,
     ) -> EngineStatus:
-        """Run the model in a vLLM engine (continuous batching: many clients share it) and return at once with its
-        id; start-up takes minutes. Flags are planned for the device present and the box ledger's free memory
-        (returned as `plan` with reasons; each overridable). infer_chat/infer_complete for the served name go to
-        the engine. Poll serve_status(engine_id, wait_seconds=60)."""
+        """Serve a model with vLLM so many clients share it; flags are planned for free memory (each
+        overridable). Returns at once; poll serve_status."""
         require(ok, f"serving {model}")
         svc = services.serve(app_state(ctx))
         o = Overrides(
@@ -68,12 +62,10 @@ def register(mcp: MCPServer[Any]) -> None:
     async def serve_status(
         ctx: Context,
         engine_id: EngineId,
-        wait_seconds: Annotated[float, Field(ge=0, le=120, description="Long-poll while it starts")] = 0,
-        include_log: Annotated[bool, Field(description="Include the engine log's last lines")] = False,
+        wait_seconds: Annotated[float, Field(ge=0, le=120, description="Wait this long for start-up")] = 0,
+        include_log: Annotated[bool, Field(description="Add the log tail")] = False,
     ) -> EngineStatus:
-        """State, health, base URL and key (for clients that call the engine directly), served models, the
-        engine's metrics (running/waiting requests, KV-cache use, token counters), memory reserved, uptime, plan;
-        on failure the reason and log tail. With wait_seconds it returns as soon as start-up ends."""
+        """An engine's state, health, URL and key, metrics and memory; the log tail if it failed."""
         engines = services.serve(app_state(ctx)).engines
         st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log)
         deadline = time.monotonic() + wait_seconds
@@ -95,8 +87,7 @@ def register(mcp: MCPServer[Any]) -> None:
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Stop an engine")
     async def serve_stop(ctx: Context, engine_id: EngineId) -> EngineStatus:
-        """Stop an engine gpubox runs (graceful, then its whole process group) and release its memory; an
-        attached server is only detached, never stopped."""
+        """Stop an engine and free its memory; an attached server is only detached."""
         engines = services.serve(app_state(ctx)).engines
         rec = await anyio.to_thread.run_sync(engines.stop, engine_id)
         return EngineStatus(
@@ -110,10 +101,9 @@ def register(mcp: MCPServer[Any]) -> None:
             str, Field(max_length=2048, pattern=r"^https?://", description="e.g. http://127.0.0.1:8000/v1")
         ],
         api_key: Annotated[str | None, Field(max_length=4096)] = None,
-        name: Annotated[str | None, Field(max_length=256, description="Which served model (default: first)")] = None,
+        name: Annotated[str | None, Field(max_length=256, description="Served model; default: the first")] = None,
     ) -> EngineStatus:
-        """Use an OpenAI-compatible server that already runs (vLLM, SGLang, llama-server, Ollama /v1): listed
-        by serve_list, routed by infer_chat/infer_complete, never stopped by gpubox."""
+        """Route infer_chat/infer_complete to a running OpenAI-compatible server; gpubox never stops it."""
         engines = services.serve(app_state(ctx)).engines
         rec = await anyio.to_thread.run_sync(lambda: engines.attach(base_url, api_key, name))
         return await anyio.to_thread.run_sync(engines.status, rec.id)

@@ -137,7 +137,8 @@ class EngineManager:
     def serving(self, model: str) -> EngineRecord | None:
         """The live engine serving `model` (its served name), if any: where infer_* requests for it go."""
         for rec in self.records():
-            if rec.model.lower() == model.lower() and rec.state in ("ready", "attached"):
+            names = [rec.model, *rec.aliases]
+            if model.lower() in (n.lower() for n in names) and rec.state in ("ready", "attached"):
                 return rec
         return None
 
@@ -151,6 +152,7 @@ class EngineManager:
         args: list[str],
         python: str,
         port: int | None,
+        aliases: list[str] | None = None,
     ) -> EngineRecord:
         """Reserve the plan's memory, then prepare and launch in the background; returns the record at once."""
         for rec in self.records():
@@ -171,6 +173,7 @@ class EngineManager:
             id=engine_id,
             engine="vllm",
             model=name,
+            aliases=aliases or [],
             source=str(hf_path),
             base_url=f"http://127.0.0.1:{port}/v1",
             api_key=key,

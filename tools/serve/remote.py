@@ -23,10 +23,10 @@ from gpubox.tools.serve.schemas import EngineRecord
 
 
 def request_body(
-    rec: EngineRecord, messages: list[dict[str, str]] | None, prompt: str | None, p: GenParams
+    rec: EngineRecord, messages: list[dict[str, str]] | None, prompt: str | None, p: GenParams, model: str | None
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": rec.model,
+        "model": model or rec.model,  # a LoRA adapter the engine serves is asked for by its own name
         "max_tokens": p.max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -51,6 +51,7 @@ async def generate(
     p: GenParams,
     report: Progress | None,
     timeout: float = 600.0,
+    model: str | None = None,
 ) -> GenerationResult:
     path = "/chat/completions" if messages is not None else "/completions"
     t0 = time.perf_counter()
@@ -59,7 +60,8 @@ async def generate(
     finish = "stop"
     usage: dict[str, Any] = {}
     chunks = 0
-    async for chunk in client.stream(rec.base_url, rec.api_key, path, request_body(rec, messages, prompt, p), timeout):
+    body = request_body(rec, messages, prompt, p, model)
+    async for chunk in client.stream(rec.base_url, rec.api_key, path, body, timeout):
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices") or []:
             piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
@@ -82,7 +84,7 @@ async def generate(
             raise InvalidInputError(f"the engine's output is not valid JSON ({exc}); raise max_tokens") from exc
         await anyio.to_thread.run_sync(check_output, p.json_schema, parsed, out)
     return GenerationResult(
-        model=rec.model,
+        model=model or rec.model,
         text=out,
         finish_reason="length" if finish == "length" else "stop",
         prompt_tokens=int(usage.get("prompt_tokens") or 0),

@@ -31,6 +31,7 @@ class EngineRecord(BaseModel):
     id: str
     engine: Literal["vllm", "openai"] = Field(description="vllm: run by gpubox; openai: attached by URL")
     model: str = Field(description="The served model name clients pass")
+    aliases: list[str] = Field(default_factory=list, description="LoRA adapters served on top, by name")
     source: str = Field(description="HF folder served, or the attached URL")
     base_url: str
     api_key: str | None = None

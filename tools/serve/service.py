@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpubox.errors import GpuboxError, InvalidInputError
@@ -29,11 +30,36 @@ PREPARE = (
 )
 
 
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter to serve on top of its base (vLLM --enable-lora): its name, folder, rank and base."""
+
+    name: str
+    path: Path
+    rank: int
+    base: ResolvedBase
+
+
+def lora_args(a: Adapter) -> list[str]:
+    rank = next((r for r in LORA_RANKS if r >= a.rank), LORA_RANKS[-1])
+    return ["--enable-lora", "--lora-modules", f"{a.name}={a.path}", "--max-lora-rank", str(rank)]
+
+
 class ServeService:
-    def __init__(self, settings: Settings, ledger: Ledger, resolve: Callable[[str], ResolvedBase]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger,
+        resolve: Callable[[str], ResolvedBase],
+        adapter: Callable[[str], Adapter | None] = lambda _name: None,
+    ) -> None:
         self.settings = settings
         self.ledger = ledger
         self.resolve = resolve  # the fine-tuning family's base resolution: serving reads the same HF copies
+        self.adapter = adapter  # a LoRA adapter's name -> the adapter and its base, None for other names
         self.engines = EngineManager(settings, ledger)
 
     def engine_python(self) -> str:
@@ -43,7 +69,8 @@ class ServeService:
         return python
 
     def plan(self, model: str, o: Overrides) -> tuple[ResolvedBase, ServePlan, list[str]]:
-        base = self.resolve(model)
+        lora = self.adapter(model)
+        base = lora.base if lora is not None else self.resolve(model)
         hf = Path(base.hf_path)
         if base.format == "gguf":  # planned from the GGUF's own shape: the HF copy may not exist yet
             rm = resolve_model(base.path, package_catalog(), [Path(base.path).parent])
@@ -62,6 +89,9 @@ class ServeService:
         ]
         host_free = accounts["host"].free_gb
         plan, args = plan_engine(rm.shape, weights_gb, cfg_dtype, gpus, host_free, self.settings.serve_max_model_len, o)
+        if lora is not None:
+            args += lora_args(lora)
+            plan.reasons.append(f"LoRA adapter {lora.name} (rank {lora.rank}) served on {base.name} by name")
         return base, plan, args
 
     def start(self, model: str, name: str | None, o: Overrides, port: int | None) -> EngineStatus:
@@ -81,7 +111,9 @@ class ServeService:
 
             prepare = build
 
-        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port)
+        lora = self.adapter(model)
+        aliases = [lora.name] if lora is not None else []
+        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port, aliases)
         return self.engines.status(rec.id)
 
     def close(self) -> None:
