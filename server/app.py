@@ -26,6 +26,7 @@ gpu_status: GPU and host telemetry, this session's cost.
 box_plan: what fits in memory now, who holds it.
 estimate_*: memory, speed and cost before running.
 infer_*: load local models, chat and complete.
+serve_*: run a model in vLLM so many clients share it; infer_* for it go there.
 search_*: index local repositories, search their code.
 finetune_*: plan, run, watch and merge LoRA/QLoRA jobs.
 bench_*: measure attention kernels and the device.
