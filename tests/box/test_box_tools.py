@@ -167,3 +167,32 @@ async def test_a_benchmark_that_cannot_fit_is_refused_before_its_worker_starts(t
             assert (await call_ok(c, "box_plan"))["box"]["holdings"] == []
     finally:
         state_of(mcp).close()
+
+
+@requires_llama
+@requires_models
+async def test_two_clients_racing_for_the_last_memory_one_wins_the_other_is_refused(box: Settings) -> None:
+    import anyio
+
+    mcp = build_server(box)
+    outcomes: dict[str, str] = {}
+    try:
+
+        async def load(name: str) -> None:
+            async with Client(mcp) as c:
+                r = await c.call_tool("infer_load", {"name": name, "context_length": CTX, "pin": True})
+                outcomes[name] = "refused" if r.is_error else "loaded"
+                if r.is_error:
+                    outcomes[name + " why"] = " ".join(getattr(x, "text", "") for x in r.content)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load, "a")
+            tg.start_soon(load, "b")
+        async with Client(mcp) as c:
+            held = owners(await call_ok(c, "box_plan"))
+    finally:
+        state_of(mcp).close()
+    assert sorted(v for k, v in outcomes.items() if not k.endswith("why")) == ["loaded", "refused"], outcomes
+    winner = "a" if outcomes["a"] == "loaded" else "b"
+    assert held == [f"model {winner}"]  # never both: the budget holds one
+    assert "(pinned)" in next(v for k, v in outcomes.items() if k.endswith("why"))
