@@ -17,7 +17,7 @@ KINDS = ("inference", "training", "all")
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_resource(mcp, "estimate://gpus", name="estimate_gpus", title="GPU catalog")
     def gpus() -> str:
-        """GPU specs with sources and dated cloud prices (same as the estimate_gpus tool)."""
+        """GPU specs with sources and dated cloud prices (estimate_gpus with detail=true)."""
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the server's state through the server

@@ -36,7 +36,7 @@ SEED_GPUS = [
 
 
 async def test_gpu_catalog_covers_every_seed_gpu_with_sources_and_dated_prices(client: Client) -> None:
-    data = await call_ok(client, "estimate_gpus")
+    data = await call_ok(client, "estimate_gpus", detail=True)
     ids = {g["id"] for g in data["gpus"]}
     assert set(SEED_GPUS) <= ids
     for g in data["gpus"]:
@@ -45,6 +45,20 @@ async def test_gpu_catalog_covers_every_seed_gpu_with_sources_and_dated_prices(c
             assert p["price_observed"] and p["source"]
     h100 = next(g for g in data["gpus"] if g["id"] == "H100-SXM")
     assert {p["provider"] for p in h100["prices"]} >= {"Lambda", "RunPod", "AWS", "GCP", "Azure", "OCI"}
+
+    # without detail: a row per GPU with its cheapest price
+    table = (await call_ok(client, "estimate_gpus"))["table"]
+    assert table["columns"] == ["id", "vram_gb", "bandwidth_gbs", "bf16_tflops", "usd_per_hour", "provider"]
+    rows = {row[0]: row for row in table["rows"]}
+    assert set(rows) == ids
+    cheapest = min(h100["prices"], key=lambda p: p["usd_per_hour"])
+    assert rows["H100-SXM"][1:] == [
+        h100["vram_gb"],
+        h100["bandwidth_gbs"],
+        h100["bf16_tflops"],
+        cheapest["usd_per_hour"],
+        cheapest["provider"],
+    ]
 
 
 async def test_gpu_resource_serves_the_catalog(client: Client) -> None:

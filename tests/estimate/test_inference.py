@@ -60,7 +60,9 @@ async def test_a_model_that_only_partly_fits_gets_n_gpu_layers(client: Client) -
 
 
 async def test_all_gpus_gives_a_ranked_comparison_with_dated_prices(client: Client) -> None:
-    est = await call_ok(client, "estimate_inference", model="Qwen2.5-Coder-7B", weight_format="q4_k_m", gpu="all")
+    args = {"model": "Qwen2.5-Coder-7B", "weight_format": "q4_k_m", "gpu": "all"}
+    est = await call_ok(client, "estimate_inference", **args, detail=True)
+    assert est["ranking"] is None
     rows = est["results"]
     assert len(rows) >= 20
     fits = [r["fits"] for r in rows]
@@ -69,6 +71,26 @@ async def test_all_gpus_gives_a_ranked_comparison_with_dated_prices(client: Clie
     assert priced == sorted(priced)
     assert all(c["price_observed"] for r in rows for c in r["costs_per_million_tokens"])
     assert est["assumptions"]
+
+    # without detail: the same ranking as one small row per GPU
+    compact = await call_ok(client, "estimate_inference", **args)
+    ranking = compact["ranking"]
+    assert compact["results"] == [] and ranking["columns"][:3] == ["gpu", "fits", "margin_gb"]
+    assert [row[0] for row in ranking["rows"]] == [r["gpu"] for r in rows]
+    for row, r in zip(ranking["rows"], rows, strict=True):
+        _, fits, margin, tok_s, usd, provider = row
+        assert fits == r["fits"] and margin == pytest.approx(r["margin_gb"], abs=0.05)
+        assert tok_s == pytest.approx(r["decode_tokens_per_s"], abs=0.05)
+        cheapest = min(r["costs_per_million_tokens"], key=lambda c: c["usd"], default=None)
+        assert (usd, provider) == (
+            (pytest.approx(cheapest["usd"], rel=5e-3), cheapest["provider"]) if cheapest else (None, None)
+        )
+    assert any("detail=true" in a for a in compact["assumptions"])
+
+
+async def test_one_gpu_keeps_its_full_breakdown_without_detail(client: Client) -> None:
+    est = await call_ok(client, "estimate_inference", model="Qwen2.5-Coder-7B", gpu="A10")
+    assert est["ranking"] is None and len(est["results"]) == 1 and est["results"][0]["memory"]["total_gb"] > 0
 
 
 async def test_decode_speed_is_below_the_bandwidth_ceiling(client: Client) -> None:

@@ -202,10 +202,11 @@ async def test_user_facing_text_cites_public_sources_only(client: Client) -> Non
     for t in (await client.list_tools()).tools:
         if t.name.startswith("estimate_"):
             texts.append(json.dumps(t.model_dump(mode="json")))
-    cat = await call_ok(client, "estimate_gpus")
-    texts.append(json.dumps(cat))
+    for detail in (False, True):
+        texts.append(json.dumps(await call_ok(client, "estimate_gpus", detail=detail)))
     for tool, args in [
         ("estimate_inference", {"model": "Llama-3-8B", "gpu": "all"}),
+        ("estimate_inference", {"model": "Llama-3-8B", "gpu": "all", "detail": True}),
         ("estimate_training", {"model": "Mistral-7B", "gpu": "all", "dataset_samples": 10}),
         ("estimate_training", {"model": "Mistral-7B", "gpu": "A10", "gradient_checkpointing": "auto"}),
     ]:

@@ -4,10 +4,12 @@ estimate_record_measurement. Thin adapters over gpubox.tools.estimate.service.""
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
 from gpubox import services
@@ -27,8 +29,7 @@ from gpubox.tools.estimate.service import Estimator
 ModelArg = Annotated[
     str,
     Field(
-        description="Catalog name (e.g. 'Llama-3-8B', 'Mistral-7B-Instruct-v0.3', 'Qwen2.5-Coder-7B') or a path "
-        "inside the allowed roots/model dirs to a .gguf file or a Hugging Face folder with config.json",
+        description="Catalog name (e.g. 'Llama-3-8B') or path to a .gguf file or HF folder",
         min_length=1,
         max_length=4096,
     ),
@@ -36,10 +37,7 @@ ModelArg = Annotated[
 GpuArg = Annotated[
     str,
     Field(
-        description="'auto' (local GPUs if any, else all), 'local' (the GPUs CUDA would use, described from NVML and "
-        "planned on free memory; without a GPU, the CPU and its RAM), "
-        "'all' (ranked comparison of every catalogued GPU), 'cpu' (host RAM) or a catalog name such as 'A10', "
-        "'A100 40GB SXM' or 'H100-SXM' (exact names and aliases only; 'A100' alone is ambiguous)",
+        description="'auto' (local, else all), 'local', 'all', 'cpu' or a catalog name, e.g. 'A10', 'H100-SXM'",
         min_length=1,
         max_length=100,
     ),
@@ -57,45 +55,31 @@ def register(mcp: MCPServer[Any]) -> None:
         model: ModelArg,
         weight_format: Annotated[
             str | None,
-            Field(
-                description="f16, bf16, f32, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, any GGUF type "
-                "(iq2_xxs, iq3_s, iq4_xs, tq2_0, ...), nf4, nf4_dq, int8; default: the GGUF file's own format, "
-                "else bf16"
-            ),
+            Field(description="e.g. bf16, q8_0, q4_k_m, any GGUF type, nf4, int8; default: the file's, else bf16"),
         ] = None,
         context_length: Annotated[
             int | None,
-            Field(ge=1, le=2_097_152, description="Tokens of context; default min(model max, 8192)"),
+            Field(ge=1, le=2_097_152, description="Default min(model max, 8192)"),
         ] = None,
-        batch: Annotated[int, Field(ge=1, le=1024, description="Parallel sequences sharing the GPU")] = 1,
-        kv_cache_type: Annotated[
-            Literal["f16", "bf16", "q8_0", "q5_1", "q4_0", "f32"], Field(description="KV-cache element type")
-        ] = "f16",
+        batch: Annotated[int, Field(ge=1, le=1024, description="Parallel sequences")] = 1,
+        kv_cache_type: Literal["f16", "bf16", "q8_0", "q5_1", "q4_0", "f32"] = "f16",
         gpu: GpuArg = "auto",
         tokens_per_s: Annotated[
             float | None,
-            Field(
-                gt=0,
-                description="A quoted decode speed (tok/s) to check: flagged when above the GPU's bandwidth "
-                "ceiling or when the model does not fit; when plausible it prices the tokens",
-            ),
+            Field(gt=0, description="A quoted decode speed to check"),
         ] = None,
-    ) -> InferenceEstimate:
-        """Will this model fit, how fast, how much? VRAM breakdown (weights, KV cache from the real layer/head
-        shape, compute buffers, overhead), fit and margin, largest context that fits, n_gpu_layers for a partial
-        offload, decode and prefill tokens/s, and $ per million generated tokens per provider (with price dates).
-        gpu='all' returns a ranked comparison. Uses measured calibrations for the GPU when they exist."""
-        return estimator(app_state(ctx)).inference(
-            model, weight_format, context_length, batch, kv_cache_type, gpu, tokens_per_s
+        detail: Annotated[bool, Field(description="Full breakdown for every GPU, not a ranking")] = False,
+    ) -> Annotated[CallToolResult, InferenceEstimate]:
+        """Will a model fit, how fast, at what cost: memory, max context, n_gpu_layers, tok/s, $ per million
+        tokens. Several GPUs come as a ranking (detail=true: every breakdown)."""
+        est = estimator(app_state(ctx)).inference(
+            model, weight_format, context_length, batch, kv_cache_type, gpu, tokens_per_s, detail
         )
+        return compact_result(est)
 
     def estimate_training(ctx: Context, **fields: Any) -> TrainingEstimate:
-        """Memory, batch plan, time and cost of a fine-tune before anything is loaded: memory breakdown (weights
-        by format, trainable params, gradients, optimizer state by `optim`, activations with/without
-        checkpointing, logits, overhead), the largest micro-batch under the headroom, gradient accumulation,
-        tokens/s from FLOPs and MFU; wall time, cost per provider and local electricity when a dataset size or
-        max_steps is given (null otherwise). Arguments are trl/peft/transformers names (lora_r,
-        lora_target_modules, max_length, per_device_train_batch_size, gradient_checkpointing, optim, ...)."""
+        """Memory, micro-batch and tokens/s of a fine-tune per GPU; time and cost once a dataset size or
+        max_steps is given."""
         return estimator(app_state(ctx)).training(build_request(TrainingRequest, fields))
 
     flat_signature(estimate_training, TrainingRequest, TrainingEstimate)
@@ -104,23 +88,23 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU catalog")
     def estimate_gpus(
         ctx: Context,
-        name_contains: Annotated[str | None, Field(description="Filter, e.g. 'H100' or 'RTX'", max_length=100)] = None,
-    ) -> GpuCatalog:
-        """The GPU catalog: VRAM, bandwidth, BF16/FP32 TFLOPS, TDP with sources, and $/GPU-hour per provider
-        with the date each price was observed."""
-        return estimator(app_state(ctx)).gpu_catalog(name_contains)
+        name_contains: Annotated[str | None, Field(description="e.g. 'H100'", max_length=100)] = None,
+        detail: Annotated[bool, Field(description="Every field, sources and dated price")] = False,
+    ) -> Annotated[CallToolResult, GpuCatalog]:
+        """The GPU catalog: VRAM, bandwidth, BF16 TFLOPS and cheapest $/GPU-hour per GPU (detail=true: sources
+        and every provider's dated price)."""
+        return compact_result(estimator(app_state(ctx)).gpu_catalog(name_contains, detail))
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Calibrations")
     def estimate_calibrations(
         ctx: Context,
         kind: Annotated[
             Literal["inference", "training", "device"] | None,
-            Field(description="Filter: measured runs of a kind, or 'device' for measured device profiles"),
+            Field(description="'device': device profiles"),
         ] = None,
-        gpu: Annotated[str | None, Field(description="Filter by catalog GPU id (or 'cpu')", max_length=100)] = None,
+        gpu: Annotated[str | None, Field(description="Catalog GPU id or 'cpu'", max_length=100)] = None,
     ) -> MeasurementList:
-        """Measured runs (benchmarks, fine-tuning jobs, recorded measurements) and measured device profiles
-        (memory bandwidth, TFLOPS per dtype) that estimates use instead of defaults, newest first."""
+        """Measured runs and device profiles that estimates use instead of defaults, newest first."""
         est = estimator(app_state(ctx))
         gpu_id = est.device_spec(gpu).id if gpu else None
         runs = [] if kind == "device" else est.store.list(kind=kind, gpu=gpu_id)
@@ -130,33 +114,27 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement")
     def estimate_record_measurement(
         ctx: Context,
-        kind: Annotated[Literal["inference", "training"], Field(description="What was measured")],
-        gpu: Annotated[
-            str, Field(description="Catalog GPU id, a local GPU's NVML name, or 'cpu'", min_length=1, max_length=100)
-        ],
+        kind: Literal["inference", "training"],
+        gpu: Annotated[str, Field(description="Catalog id, NVML name or 'cpu'", min_length=1, max_length=100)],
         model: ModelArg,
-        tokens_per_s: Annotated[float, Field(gt=0, description="Decode tok/s (inference) or training tok/s")],
-        peak_memory_gb: Annotated[float | None, Field(gt=0, description="Peak GPU memory of the run, GB")] = None,
-        prefill_tokens_per_s: Annotated[float | None, Field(gt=0, description="Inference prefill tok/s")] = None,
-        weight_format: Annotated[str | None, Field(description="Weight format of the run")] = None,
-        context_length: Annotated[int, Field(ge=0, le=2_097_152, description="Inference: context in use")] = 0,
-        method: Annotated[Method, Field(description="Training method")] = "qlora",
-        max_length: Annotated[int, Field(ge=8, le=1_048_576, description="Training sequence length")] = 512,
-        per_device_train_batch_size: Annotated[int, Field(ge=1, le=4096, description="Training micro-batch")] = 1,
-        gradient_checkpointing: Annotated[bool, Field(description="Training used checkpointing")] = True,
-        lora_r: Annotated[int, Field(ge=1, le=1024, description="LoRA rank of the run")] = 16,
+        tokens_per_s: Annotated[float, Field(gt=0, description="Decode or training tok/s")],
+        peak_memory_gb: Annotated[float | None, Field(gt=0)] = None,
+        prefill_tokens_per_s: Annotated[float | None, Field(gt=0)] = None,
+        weight_format: str | None = None,
+        context_length: Annotated[int, Field(ge=0, le=2_097_152, description="Inference only")] = 0,
+        method: Method = "qlora",
+        max_length: Annotated[int, Field(ge=8, le=1_048_576)] = 512,
+        per_device_train_batch_size: Annotated[int, Field(ge=1, le=4096)] = 1,
+        gradient_checkpointing: bool = True,
+        lora_r: Annotated[int, Field(ge=1, le=1024)] = 16,
         lora_target_modules: Annotated[
-            list[str] | Literal["all-linear"] | None,
-            Field(description="LoRA target modules of the run (default all-linear)"),
+            list[str] | Literal["all-linear"] | None, Field(description="Default all-linear")
         ] = None,
-        optim: Annotated[Optim, Field(description="Optimizer of the run (TrainingArguments.optim)")] = (
-            "paged_adamw_8bit"
-        ),
-        note: Annotated[str | None, Field(max_length=500, description="Where the figure came from")] = None,
+        optim: Optim = "paged_adamw_8bit",
+        note: Annotated[str | None, Field(max_length=500, description="Source of the figure")] = None,
     ) -> Measurement:
-        """Store a measured run so later estimates for the same GPU use its efficiency/MFU and memory factor
-        (derived from the model's real shape). Training calibrations apply only to comparable runs: same
-        method, lora_r, lora_target_modules, optim and gradient_checkpointing. Returns the stored row."""
+        """Store a measured run; later estimates on that GPU use it (training: for runs with the same method,
+        lora_r, target modules, optim and checkpointing)."""
         est = estimator(app_state(ctx))
         if kind == "inference":
             return est.record_inference(
@@ -177,6 +155,14 @@ def register(mcp: MCPServer[Any]) -> None:
             weight_format=weight_format,
             note=note,
         )
+
+
+def compact_result(result: BaseModel) -> CallToolResult:
+    """The result as structured content plus its JSON text without indentation (the SDK indents it, which
+    spreads a ranking's rows over a line per value)."""
+    data = result.model_dump(mode="json")
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
 
 def build_request(model_cls: type[TrainingRequest], fields: dict[str, Any]) -> TrainingRequest:

@@ -35,51 +35,44 @@ class TrainingRequest(BaseModel):
     model: str = Field(
         min_length=1,
         max_length=4096,
-        description="Catalog name (e.g. 'Mistral-7B-Instruct-v0.3'), a model name from infer_models, or a path "
-        "inside the allowed roots/model dirs to a .gguf file or a Hugging Face folder with config.json",
+        description="Catalog or infer_models name, or path to a .gguf file or HF folder",
     )
-    method: Method = Field(default="qlora", description="full fine-tune, LoRA, or QLoRA (4-bit NF4 base)")
+    method: Method = Field(default="qlora", description="QLoRA: 4-bit NF4 base")
     weight_format: str | None = Field(
-        default=None, description="qlora: nf4_dq (default, double quant) or nf4; lora/full: bf16 (default), fp16, fp32"
+        default=None, description="qlora: nf4_dq (default) or nf4; else bf16 (default), fp16, fp32"
     )
-    lora_r: int = Field(default=16, ge=1, le=1024, description="LoRA rank r (peft LoraConfig.r)")
-    lora_alpha: int | None = Field(default=None, ge=1, le=65536, description="LoRA alpha; default 2 x lora_r")
-    lora_dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="LoRA dropout")
+    lora_r: int = Field(default=16, ge=1, le=1024)
+    lora_alpha: int | None = Field(default=None, ge=1, le=65536, description="Default 2 x lora_r")
+    lora_dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
     lora_target_modules: list[str] | Literal["all-linear"] | None = Field(
         default=None,
-        description="Modules to adapt, e.g. ['q_proj','k_proj','v_proj','o_proj'], or 'all-linear' (default)",
+        description="e.g. ['q_proj','v_proj'] or 'all-linear' (default)",
     )
-    max_length: int = Field(default=512, ge=8, le=1_048_576, description="Training sequence length in tokens")
+    max_length: int = Field(default=512, ge=8, le=1_048_576, description="Sequence length, tokens")
     per_device_train_batch_size: int | Auto | None = Field(
-        default="auto", description="Micro-batch per device; 'auto' (or null) lets the planner choose"
+        default="auto", description="Micro-batch; 'auto' = planner's choice"
     )
     gradient_accumulation_steps: int | None = Field(
-        default=None, ge=1, le=65536, description="Micro-batches per optimizer step; default from target_global_batch"
+        default=None, ge=1, le=65536, description="Default from target_global_batch"
     )
-    target_global_batch: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="Samples per optimizer step; sets gradient accumulation"
-    )
-    gradient_checkpointing: bool | Auto = Field(
-        default="auto", description="Recompute activations in backward; 'auto' turns it on only when needed to fit"
-    )
-    optim: Optim = Field(default="paged_adamw_8bit", description="Optimizer (transformers TrainingArguments.optim)")
-    bf16: bool | None = Field(default=None, description="bf16 mixed precision; default: on where the GPU supports it")
-    fp16: bool | None = Field(default=None, description="fp16 mixed precision (GPUs without bf16)")
-    dataset_samples: int | None = Field(default=None, ge=1, description="Training rows (each up to max_length tokens)")
-    dataset_tokens: int | None = Field(default=None, ge=1, description="Training tokens (overrides dataset_samples)")
-    num_train_epochs: float = Field(default=1.0, gt=0, le=1000, description="Epochs over the dataset")
-    max_steps: int | None = Field(default=None, ge=1, le=10_000_000, description="Optimizer steps; overrides epochs")
-    num_processes: int = Field(default=1, ge=1, le=1024, description="Data-parallel processes/GPUs (accelerate)")
+    target_global_batch: int | None = Field(default=None, ge=1, le=1_000_000, description="Samples per optimizer step")
+    gradient_checkpointing: bool | Auto = Field(default="auto", description="'auto': only when needed to fit")
+    optim: Optim = Field(default="paged_adamw_8bit", description="Optimizer")
+    bf16: bool | None = Field(default=None, description="Default: where supported")
+    fp16: bool | None = Field(default=None)
+    dataset_samples: int | None = Field(default=None, ge=1, description="Training rows")
+    dataset_tokens: int | None = Field(default=None, ge=1, description="Overrides dataset_samples")
+    num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000_000, description="Overrides epochs")
+    num_processes: int = Field(default=1, ge=1, le=1024, description="Data-parallel GPUs")
     gpu: str = Field(
         default="auto",
         min_length=1,
         max_length=100,
-        description="'auto' (local GPU if any), 'local', 'all' or a GPU name such as 'A10' or 'H100 SXM'",
+        description="'auto', 'local', 'all' or a GPU name, e.g. 'A10'",
     )
-    headroom_pct: float = Field(default=15.0, ge=0, le=50, description="Memory kept free as a safety margin, %")
-    tokens_per_s: float | None = Field(
-        default=None, gt=0, description="A quoted training throughput to use for time/cost; checked for plausibility"
-    )
+    headroom_pct: float = Field(default=15.0, ge=0, le=50, description="Memory kept free, %")
+    tokens_per_s: float | None = Field(default=None, gt=0, description="A quoted throughput to check and use")
 
     @field_validator("per_device_train_batch_size")
     @classmethod

@@ -76,13 +76,31 @@ class InferenceOnGpu(BaseModel):
     spec_source: str = Field(default="catalog", description="Where the GPU figures came from (catalog, NVML, measured)")
 
 
+RANK_COLUMNS = ["gpu", "fits", "margin_gb", "decode_tokens_per_s", "usd_per_million_tokens", "provider"]
+CATALOG_COLUMNS = ["id", "vram_gb", "bandwidth_gbs", "bf16_tflops", "usd_per_hour", "provider"]
+
+
+class GpuRanking(BaseModel):
+    """Several GPUs compared in one small table: a row per GPU, best first, in the order of `columns`."""
+
+    columns: list[str] = Field(default_factory=lambda: list(RANK_COLUMNS))
+    rows: list[tuple[str, bool, float, float, float | None, str | None]] = Field(
+        description="gpu, fits, margin_gb, decode tok/s, cheapest $ per million tokens and its provider"
+    )
+
+
 class InferenceEstimate(BaseModel):
     model: ModelSummary
     weight_format: str
     context_length: int
     batch: int
     kv_cache_type: str
-    results: list[InferenceOnGpu] = Field(description="One per GPU; ranked best-first when gpu='all'")
+    results: list[InferenceOnGpu] = Field(
+        description="One per GPU, ranked best-first; empty when `ranking` summarises several GPUs (detail=false)"
+    )
+    ranking: GpuRanking | None = Field(
+        default=None, description="Several GPUs without detail: one row each, best first (detail=true: `results`)"
+    )
     assumptions: list[str]
     warnings: list[str] = Field(default_factory=list)
 
@@ -167,8 +185,18 @@ class GpuEntry(BaseModel):
     prices: list[ProviderCost]
 
 
+class GpuTable(BaseModel):
+    """The catalog in one small table: a row per GPU in the order of `columns`, with the cheapest price."""
+
+    columns: list[str] = Field(default_factory=lambda: list(CATALOG_COLUMNS))
+    rows: list[tuple[str, float, float, float, float | None, str | None]] = Field(
+        description="id, vram_gb, bandwidth_gbs, bf16_tflops, cheapest $/GPU-hour and its provider"
+    )
+
+
 class GpuCatalog(BaseModel):
-    gpus: list[GpuEntry]
+    gpus: list[GpuEntry] = Field(description="Every field, sources and dated prices; empty unless detail=true")
+    table: GpuTable | None = Field(default=None, description="The default summary (detail=false)")
     note: str
 
 

@@ -18,15 +18,41 @@ from gpubox.tools.estimate.schemas import (
     DeviceProfile,
     GpuCatalog,
     GpuEntry,
+    GpuRanking,
+    GpuTable,
     InferenceEstimate,
+    InferenceOnGpu,
     Measurement,
     ModelSummary,
+    ProviderCost,
     TrainingEstimate,
 )
 from gpubox.tools.estimate.targets import Target, cpu_target, local_target, resolve, with_measured
 from gpubox.tools.gpu.devices import local_gpus
 
 DEFAULT_CONTEXT = 8192
+RANKING_NOTE = (
+    "usd_per_million_tokens: the cheapest provider's $/hour over the expected decode rate, at full utilisation. "
+    "detail=true gives each GPU's memory breakdown, offload plan, prefill speed, every dated price and the method."
+)
+
+
+def three_digits(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def cheapest(costs: list[ProviderCost]) -> ProviderCost | None:
+    return min(costs, key=lambda c: c.usd, default=None)
+
+
+def ranking(results: list[InferenceOnGpu]) -> GpuRanking:
+    """The per-GPU results, in their order, as one row each."""
+    rows = []
+    for r in results:
+        c = cheapest(r.costs_per_million_tokens)
+        usd, provider = (three_digits(c.usd), c.provider) if c else (None, None)
+        rows.append((r.gpu, r.fits, round(r.margin_gb, 1), round(r.decode_tokens_per_s, 1), usd, provider))
+    return GpuRanking(rows=rows)
 
 
 def summary(rm: ResolvedModel) -> ModelSummary:
@@ -86,7 +112,9 @@ class Estimator:
         kv_cache_type: str = "f16",
         gpu: str = "auto",
         tokens_per_s: float | None = None,
+        detail: bool = True,
     ) -> InferenceEstimate:
+        """Fit, speed and cost on each device of `gpu`; several devices without `detail` come as a ranking."""
         rm = self.model(model)
         shape = rm.shape
         fmt = normalise_format(weight_format or rm.weight_format or "bf16")
@@ -128,7 +156,8 @@ class Estimator:
                 )
             )
         warnings += self.ignored("inference", targets)
-        assumptions = [n for t in targets for n in t.notes] + list(inf.ASSUMPTIONS)
+        compact = not detail and len(results) > 1
+        assumptions = [n for t in targets for n in t.notes] + ([RANKING_NOTE] if compact else list(inf.ASSUMPTIONS))
         if context_length is None:
             assumptions.insert(
                 0,
@@ -140,7 +169,7 @@ class Estimator:
                 f"Quoted {tokens_per_s:g} tok/s checked against each GPU's bandwidth ceiling; where plausible, "
                 "costs per million tokens use the quoted speed."
             )
-        return bounds.finite(
+        est = bounds.finite(
             InferenceEstimate(
                 model=summary(rm),
                 weight_format=fmt,
@@ -152,6 +181,9 @@ class Estimator:
                 warnings=warnings,
             )
         )
+        if compact:
+            est.ranking, est.results = ranking(results), []
+        return est
 
     # --- training ------------------------------------------------------------------------------
     def training(self, req: TrainingRequest) -> TrainingEstimate:
@@ -259,7 +291,8 @@ class Estimator:
         return list(dict.fromkeys(found))
 
     # --- catalog and calibrations --------------------------------------------------------------
-    def gpu_catalog(self, name_contains: str | None = None) -> GpuCatalog:
+    def gpu_catalog(self, name_contains: str | None = None, detail: bool = True) -> GpuCatalog:
+        """The GPU catalog; without `detail`, one row per GPU with its cheapest price."""
         entries = []
         for g in self.catalog.gpus.values():
             if name_contains and name_contains.lower() not in (g.id + " " + g.name).lower():
@@ -285,7 +318,15 @@ class Estimator:
             f"Prices are planning defaults with the date each was observed; add or override entries in "
             f"{self.settings.state_dir / 'catalog'}/{{gpus,prices,models}}.json"
         )
-        return GpuCatalog(gpus=entries, note=note)
+        if detail:
+            return GpuCatalog(gpus=entries, note=note)
+        rows = []
+        for g in entries:
+            c = min(g.prices, key=lambda p: p.usd_per_hour, default=None)
+            usd, provider = (c.usd_per_hour, c.provider) if c else (None, None)
+            rows.append((g.id, g.vram_gb, g.bandwidth_gbs, g.bf16_tflops, usd, provider))
+        note += "; detail=true adds names, FP32 TFLOPS, TDP, sources and every provider's dated price"
+        return GpuCatalog(gpus=[], table=GpuTable(rows=rows), note=note)
 
     def record_inference(
         self,

@@ -37,61 +37,53 @@ class FinetuneRequest(TrainingRequest):
         default="smollm2-135m-instruct",
         min_length=1,
         max_length=4096,
-        description="A model name from infer_models (default: the bundled SmolLM2-135M-Instruct), or a path inside "
-        "the allowed roots/model dirs to a .gguf file or a Hugging Face folder with config.json",
+        description="infer_models name, or path to a .gguf file or HF folder",
     )
     dataset: str = Field(
         min_length=1,
         max_length=4096,
-        description="A .jsonl/.json/.csv/.parquet file or a datasets.save_to_disk folder inside the allowed roots; "
-        "rows in chat ('messages'), prompt/completion, or plain 'text' format",
+        description=".jsonl/.json/.csv/.parquet file or save_to_disk folder; rows: 'messages', prompt/completion "
+        "or 'text'",
     )
-    method: Literal["full", "lora", "qlora"] = Field(
-        default="lora", description="LoRA (default), QLoRA (4-bit NF4 base via bitsandbytes) or full fine-tune"
-    )
+    method: Literal["full", "lora", "qlora"] = Field(default="lora", description="QLoRA: 4-bit NF4 base")
     # narrower than the estimator's free string on purpose: the tool schema lists the formats a job can train in
     weight_format: WeightFormat | None = Field(  # pyright: ignore[reportIncompatibleVariableOverride]
         default=None,
-        description="How the base weights are held: lora/full: bf16 (default), fp16 or fp32; qlora: nf4_dq "
-        "(default, double quantization) or nf4",
+        description="qlora: nf4_dq (default) or nf4; else bf16 (default), fp16, fp32",
     )
     lora_target_modules: list[str] | Literal["all-linear"] | None = Field(
-        default="all-linear", description="Modules to adapt, e.g. ['q_proj','v_proj'], or 'all-linear'"
+        default="all-linear", description="e.g. ['q_proj','v_proj'] or 'all-linear'"
     )
-    optim: Optim = Field(default="adamw_torch", description="Optimizer (transformers TrainingArguments.optim)")
-    max_length: int = Field(default=512, ge=8, le=1_048_576, description="Rows are truncated to this many tokens")
-    learning_rate: float = Field(default=2e-4, gt=0, le=1.0, description="Peak learning rate")
-    lr_scheduler_type: Scheduler = Field(default="linear", description="Learning-rate schedule")
-    warmup_ratio: float = Field(default=0.0, ge=0, lt=1, description="Fraction of steps spent warming up")
-    weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay")
-    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Random seed (data order, LoRA init)")
-    packing: bool = Field(default=False, description="Pack rows into max_length sequences (trl packing, BFD)")
-    use_liger_kernel: bool = Field(default=False, description="Liger Triton kernels (needs liger-kernel and a GPU)")
-    eval_split: float = Field(default=0.0, ge=0, le=0.5, description="Fraction of rows held out for eval loss")
-    eval_steps: int | None = Field(default=None, ge=1, description="Evaluate every N steps (default: logging_steps)")
-    logging_steps: int = Field(default=1, ge=1, le=100_000, description="Log loss/lr every N optimizer steps")
-    save_steps: int = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N optimizer steps")
-    save_total_limit: int = Field(default=2, ge=1, le=100, description="Checkpoints kept on disk")
+    optim: Optim = Field(default="adamw_torch", description="Optimizer")
+    max_length: int = Field(default=512, ge=8, le=1_048_576, description="Rows truncated to this many tokens")
+    learning_rate: float = Field(default=2e-4, gt=0, le=1.0, description="Peak")
+    lr_scheduler_type: Scheduler = Field(default="linear")
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=1)
+    seed: int = Field(default=42, ge=0, le=2**31 - 1)
+    packing: bool = Field(default=False, description="Pack rows into max_length sequences")
+    use_liger_kernel: bool = Field(default=False, description="Needs liger-kernel and a GPU")
+    eval_split: float = Field(default=0.0, ge=0, le=0.5, description="Fraction held out for eval loss")
+    eval_steps: int | None = Field(default=None, ge=1, description="Default: logging_steps")
+    logging_steps: int = Field(default=1, ge=1, le=100_000)
+    save_steps: int = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N steps")
+    save_total_limit: int = Field(default=2, ge=1, le=100, description="Checkpoints kept")
     num_processes: int = Field(
         default=1,
         ge=1,
         le=64,
-        description="Data-parallel processes on this machine, started with `accelerate launch` (DDP; NCCL on GPUs, "
-        "at most one per visible GPU; gloo on CPU). Global batch = micro-batch x accumulation x processes. Several "
-        "machines: run the job folder's worker under `accelerate launch` with accelerate's own multi-node config "
-        "(num_machines, machine_rank, main_process_ip; https://huggingface.co/docs/accelerate/basic_tutorials/launch)",
+        description="Data-parallel processes here (accelerate launch; at most one per GPU)",
     )
     probe_steps: int = Field(
         default=2,
         ge=0,
         le=20,
-        description="Steps of a throwaway probe run at the planned micro-batch before training: measures peak memory "
-        "and tokens/s (recorded as an estimator calibration) and halves the micro-batch on out-of-memory; 0 = no probe",
+        description="Probe steps before training (memory, tok/s); 0 = none",
     )
     output_name: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,
-        description="Name of the adapter (as infer_models will list it); default 'ft-<job id>'",
+        description="Adapter name; default 'ft-<job id>'",
     )
 
 

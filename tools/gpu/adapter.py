@@ -76,8 +76,6 @@ def register(mcp: MCPServer[Any]) -> None:
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU status")
     def gpu_status() -> GpuStatus:
-        """Live telemetry of every NVIDIA GPU (memory, utilisation, temperature, power, clocks, throttling,
-        ECC, processes) plus host CPU/RAM, memory reserved per device by gpubox's work (box ledger), and this
-        session's cost and GPU use (price, cost so far, budget left, busy share, what used the GPU). With no GPU
-        or NVML, returns available=false and the reason."""
+        """Live GPU telemetry (memory, utilisation, temperature, power, processes), host CPU/RAM, memory
+        gpubox has reserved, and this session's cost."""
         return status_with_session(state)

@@ -15,8 +15,8 @@ from gpubox.state import AppState
 from gpubox.tools.search.schemas import DropResult, IndexList, IndexResult, SearchResults
 from gpubox.tools.search.service import SearchService
 
-IndexName = Annotated[str | None, Field(description="Index name; default: the only index, or the directory name")]
-Globs = Annotated[list[str] | None, Field(description="Glob patterns on paths relative to the root", max_length=50)]
+IndexName = Annotated[str | None, Field(description="Default: the only index, or the directory name")]
+Globs = Annotated[list[str] | None, Field(description="Globs relative to the root", max_length=50)]
 
 
 def search_service(state: AppState) -> SearchService:
@@ -32,15 +32,13 @@ def register(mcp: MCPServer[Any]) -> None:
         include: Globs = None,
         exclude: Globs = None,
         max_file_bytes: Annotated[int | None, Field(ge=1024, le=100_000_000, description="Skip larger files")] = None,
-        dry_run: Annotated[bool, Field(description="Only report files, chunks, time and disk; embed nothing")] = False,
+        dry_run: Annotated[bool, Field(description="Only estimate files, time and disk")] = False,
         wait_seconds: Annotated[
             float | None, Field(ge=0, le=3600, description="Return after this long; indexing continues")
         ] = None,
     ) -> IndexResult:
-        """Index (or incrementally re-index) a code directory for search_code: honours .gitignore and default
-        excludes, chunks by symbol with tree-sitter, embeds only new/changed code, stores FAISS + SQLite FTS5.
-        Reports MCP progress; if it takes longer than wait_seconds it returns state='indexing' and keeps going in
-        the background: poll search_list. dry_run previews counts, time and disk size first."""
+        """Index or re-index (incrementally) a code directory for search_code. Long runs continue in the
+        background: poll search_list."""
         svc = search_service(app_state(ctx))
         inc, exc = include or [], exclude or []
         if dry_run:
@@ -64,32 +62,24 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Search code")
     def search_code(
         ctx: Context,
-        query: Annotated[
-            str, Field(description="What the code does, or identifiers to find", min_length=1, max_length=2000)
-        ],
+        query: Annotated[str, Field(description="What the code does, or identifiers", min_length=1, max_length=2000)],
         index: IndexName = None,
         k: Annotated[int, Field(ge=1, le=100, description="Hits per page")] = 10,
-        offset: Annotated[int, Field(ge=0, le=10_000, description="Skip this many hits (paging)")] = 0,
-        path_glob: Annotated[str | None, Field(description="Only paths matching this glob, e.g. 'src/*.py'")] = None,
-        language: Annotated[str | None, Field(description="Only this language, e.g. 'python', 'go'")] = None,
-        mode: Annotated[
-            Literal["hybrid", "vector", "lexical"], Field(description="hybrid = vector + BM25 + symbol definitions")
-        ] = "hybrid",
-        snippet_chars: Annotated[int, Field(ge=80, le=20_000, description="Snippet size budget per hit")] = 800,
+        offset: Annotated[int, Field(ge=0, le=10_000)] = 0,
+        path_glob: Annotated[str | None, Field(description="e.g. 'src/*.py'")] = None,
+        language: Annotated[str | None, Field(description="e.g. 'python'")] = None,
+        mode: Literal["hybrid", "vector", "lexical"] = "hybrid",
+        snippet_chars: Annotated[int, Field(ge=80, le=20_000)] = 800,
     ) -> SearchResults:
-        """Find code by meaning and by name in an index built with search_index. Returns file, line range, symbol,
-        language, score and a trimmed snippet per hit; next_offset pages through more."""
+        """Find code by meaning or name in an index: file, lines, symbol and snippet per hit; page with offset."""
         return search_service(app_state(ctx)).search(query, index, k, offset, path_glob, language, mode, snippet_chars)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="List indexes")
     def search_list(ctx: Context) -> IndexList:
-        """Every index: root, files, chunks, embedding model, size on disk, last indexed, and state/progress of a
-        running or failed indexing job."""
+        """Every code index with its root, size, last indexed time and indexing state."""
         return search_service(app_state(ctx)).list()
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Drop an index")
-    def search_drop(
-        ctx: Context, name: Annotated[str, Field(description="Index to delete", min_length=1, max_length=64)]
-    ) -> DropResult:
-        """Delete an index and its files from the state dir (the indexed source is untouched)."""
+    def search_drop(ctx: Context, name: Annotated[str, Field(min_length=1, max_length=64)]) -> DropResult:
+        """Delete a code index (the indexed source is untouched)."""
         return search_service(app_state(ctx)).drop(name)
