@@ -20,3 +20,11 @@ python3 bench/gpu_checks.py
 python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
 # the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
 GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
+# the serving benchmark on the GPU, where the box has vLLM (a CUDA vLLM cannot travel in .whl/: several GB with
+# its CUDA torch): in-process llama.cpp vs the vLLM engine through MCP vs its API, 1-16 clients
+if python3 -c "import vllm" 2>/dev/null; then
+  python3 bench/serve_bench.py --engine-python "$(command -v python3)" --no-one-thread \
+    --out "${OUT:-bench/results}/serve_bench_gpu.md"
+else
+  echo "gpu_checks: vLLM is not installed on this box; serve_bench skipped" >&2
+fi
