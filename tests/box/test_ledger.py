@@ -209,3 +209,29 @@ def test_per_device_budgets_parse_from_pairs_or_json(value: str, expected: dict[
 def test_bad_per_device_budgets_are_refused_with_the_fix(value: str) -> None:
     with pytest.raises(Exception, match="memory_budgets"):
         Settings.load(memory_budgets=value)
+
+
+def test_two_gpubox_servers_on_one_box_share_the_ledger(tmp_path: Path) -> None:
+    """Each MCP client may start its own gpubox over stdio: their reservations must add up, not overlap."""
+    child = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys; from gpubox.settings import Settings; from gpubox.tools.box.ledger import Ledger\n"
+            f"led = Ledger(Settings.load(state_dir={str(tmp_path / 'state')!r}, memory_budget_gb=2.0))\n"
+            "led.reserve('model big', 'inference', {'host': 1.5}, \"infer_unload name='big'\")\n"
+            "print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        led = Ledger(Settings.load(state_dir=tmp_path / "state", memory_budget_gb=2.0))
+        with pytest.raises(CapacityError, match=rf"model big \[gpubox {child.pid}\] 1\.50 GB"):
+            led.reserve("model mine", "inference", {"host": 1.0}, "infer_unload name='mine'")
+        assert [h.owner for h in led.state().holdings] == [f"model big [gpubox {child.pid}]"]
+        led.reserve("model small", "inference", {"host": 0.4}, "infer_unload name='small'")
+    finally:
+        child.kill()
+        child.communicate()  # reaps it and closes its pipes
+    assert led.check({"host": 1.5}).fits  # the other server is gone, and its in-process holding with it
+    assert [h.owner for h in led.state().holdings] == ["model small"]

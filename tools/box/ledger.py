@@ -16,11 +16,13 @@ The lock is held only for bookkeeping; device readings are taken outside it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 
 from gpubox.errors import CapacityError, InvalidInputError
@@ -39,44 +41,89 @@ class Ledger:
         self.read = read
         self._cond = threading.Condition()
         self._queue: list[str] = []
-        self._holdings: dict[str, Holding] = {}
+        self._holdings: dict[str, Holding] = {}  # this server's
+        self._others: dict[str, Holding] = {}  # other gpubox servers' on this box, as their last write says
         self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
         self._load()
 
-    # --- persistence ----------------------------------------------------------------------------
-    def _load(self) -> None:
+    # --- persistence: one file shared by every gpubox server on the box ---------------------------
+    # Several servers may run at once (each MCP client may start its own over stdio). Each keeps its own
+    # holdings and rewrites only those; the others' are re-read under a file lock before every admission, so
+    # two servers cannot both take the last gigabyte.
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _read_file(self) -> list[Holding]:
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
-            held = [Holding.model_validate(h) for h in raw.get("holdings", [])]
+            return [Holding.model_validate(h) for h in raw.get("holdings", [])]
         except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:  # a damaged file must not stop the server: start empty, say why
-            log.warning("memory ledger %s unreadable (%s); starting empty", self.path, exc)
-            return
-        for h in held:
-            # the server's own in-process holdings died with the objects that held them (a model is not loaded
-            # after a restart); what a live worker process holds is still held
-            if h.pid != os.getpid() and pid_alive(h.pid, h.pid_started):
-                self._holdings[h.owner] = h
-                self.restored.append(h.owner)
+            return []
+        except (OSError, ValueError, AttributeError) as exc:  # damaged: must not stop the server; say why
+            log.warning("memory ledger %s unreadable (%s); taking it as empty", self.path, exc)
+            return []
+
+    def _load(self) -> None:
+        with self._file_lock():
+            for h in self._read_file():
+                if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None):
+                    continue  # another live server's: read by _sync
+                # a previous server's in-process holdings died with it (a model is not loaded after a restart);
+                # what a live worker process holds is still held, now by this server
+                if h.pid not in (os.getpid(), h.server_pid) and pid_alive(h.pid, h.pid_started):
+                    self._holdings[h.owner] = h.model_copy(update={"server_pid": os.getpid()})
+                    self.restored.append(h.owner)
+            self._save_locked()
+
+    def _sync(self) -> None:
+        """Refresh the other servers' holdings (caller holds self._cond and the file lock)."""
+        named = (h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"}) for h in self._read_file())
+        self._others = {
+            h.owner: h
+            for h in named
+            if h.server_pid not in (None, os.getpid())
+            and pid_alive(h.server_pid, None)
+            and pid_alive(h.pid, h.pid_started)
+        }
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        data = {"holdings": [h.model_dump(mode="json") for h in self._holdings.values()]}
+        with self._file_lock():
+            self._save_locked()
+
+    def _save_locked(self) -> None:
+        mine = (None, os.getpid())
+        others = [h for h in self._read_file() if h.server_pid not in mine and pid_alive(h.server_pid, None)]
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
+        data = {"holdings": [h.model_dump(mode="json") for h in [*others, *self._holdings.values()]]}
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(tmp, self.path)
 
+    def _all(self) -> dict[str, Holding]:
+        return {**self._others, **self._holdings}
+
     def _prune(self) -> list[str]:
-        """Release holdings whose process ended (caller holds the lock)."""
+        """Release holdings whose process ended (caller holds self._cond and the file lock)."""
         gone = [o for o, h in self._holdings.items() if not pid_alive(h.pid, h.pid_started)]
         for owner in gone:
             log.info("releasing %s: its process %s ended", owner, self._holdings[owner].pid)
             del self._holdings[owner]
         if gone:
-            self._save()
+            self._save_locked()
             self._cond.notify_all()
         return gone
+
+    def _refresh(self) -> None:
+        """The other servers' holdings re-read, ended ones released (caller holds self._cond)."""
+        with self._file_lock():
+            self._sync()
+            self._prune()
 
     # --- arithmetic -----------------------------------------------------------------------------
     def budget(self, device: str, total_gb: float | None) -> float:
@@ -92,13 +139,15 @@ class Ledger:
         return max(0.5, 0.05 * (total_gb or 0.0))
 
     def _owned_pids(self) -> set[int]:
-        return {h.pid for h in self._holdings.values() if h.pid is not None}
+        return {h.pid for h in self._all().values() if h.pid is not None} | {
+            h.server_pid for h in self._others.values() if h.server_pid is not None
+        }
 
     def _accounts(self, readings: dict[str, Reading]) -> dict[str, DeviceAccount]:
         owned = self._owned_pids() | {os.getpid()}
         out: dict[str, DeviceAccount] = {}
         for device, r in readings.items():
-            reserved = sum(h.devices.get(device, 0.0) for h in self._holdings.values())
+            reserved = sum(h.devices.get(device, 0.0) for h in self._all().values())
             mine = sum(gb for pid, gb in r.by_pid_gb.items() if pid in owned or _child_of(pid, owned))
             external = max(0.0, r.used_gb - mine)
             budget = self.budget(device, r.total_gb)
@@ -141,7 +190,7 @@ class Ledger:
         out: list[str] = []
         freed = 0.0
         movable = sorted(
-            (h for h in self._holdings.values() if not h.pinned and h.devices.get(device, 0) > 0),
+            (h for h in self._all().values() if not h.pinned and h.devices.get(device, 0) > 0),
             key=lambda h: -h.devices[device],
         )
         for h in movable:
@@ -157,7 +206,7 @@ class Ledger:
             a = accounts[b.device]
             held = [
                 f"{h.owner} {h.devices[b.device]:.2f} GB" + (" (pinned)" if h.pinned else "")
-                for h in self._holdings.values()
+                for h in self._all().values()
                 if h.devices.get(b.device, 0) > 0
             ]
             text = (
@@ -179,7 +228,7 @@ class Ledger:
         """Would `needs` fit now? Reserves nothing."""
         readings = self._read()
         with self._cond:
-            self._prune()
+            self._refresh()
             return self._admission(needs, self._accounts(readings))
 
     def reserve(
@@ -209,12 +258,29 @@ class Ledger:
         source: str,
         readings: dict[str, Reading],
     ) -> Holding:
-        self._prune()
-        if owner in self._holdings:
-            raise InvalidInputError(f"{owner} already holds a reservation; release it first")
-        adm = self._admission(needs, self._accounts(readings))
-        if not adm.fits:
-            raise CapacityError(f"{owner} {adm.reason}")
+        with self._file_lock():  # held from reading the others' holdings to writing ours: no cross-server race
+            self._sync()
+            self._prune()
+            if owner in self._holdings:
+                raise InvalidInputError(f"{owner} already holds a reservation; release it first")
+            adm = self._admission(needs, self._accounts(readings))
+            if not adm.fits:
+                raise CapacityError(f"{owner} {adm.reason}")
+            h = self._new_holding(owner, kind, needs, frees_with, pinned, pid, source)
+            self._holdings[owner] = h
+            self._save_locked()
+            return h
+
+    def _new_holding(
+        self,
+        owner: str,
+        kind: Kind,
+        needs: dict[str, float],
+        frees_with: str,
+        pinned: bool,
+        pid: int | None,
+        source: str,
+    ) -> Holding:
         pid = pid if pid is not None else os.getpid()
         h = Holding(
             owner=owner,
@@ -226,9 +292,8 @@ class Ledger:
             pid_started=start_time(pid),
             frees_with=frees_with,
             source=source,
+            server_pid=os.getpid(),
         )
-        self._holdings[owner] = h
-        self._save()
         return h
 
     def wait_reserve(
@@ -344,9 +409,9 @@ class Ledger:
     def state(self) -> BoxState:
         readings = self._read()
         with self._cond:
-            self._prune()
+            self._refresh()
             accounts = self._accounts(readings)
-            holdings = [self._measured(h, readings) for h in self._holdings.values()]
+            holdings = [self._measured(h, readings) for h in self._all().values()]
             queued = list(self._queue)
         return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=_drift(holdings))
 

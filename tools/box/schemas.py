@@ -20,6 +20,7 @@ class Holding(BaseModel):
     pid: int | None = Field(default=None, description="Process holding the memory; the reservation ends when it exits")
     pid_started: float | None = Field(default=None, description="That process's start time (guards against pid reuse)")
     frees_with: str = Field(description="The call that ends this work and frees its memory")
+    server_pid: int | None = Field(default=None, description="The gpubox server that made the reservation")
     source: str = Field(default="estimator", description="Where the size comes from: 'estimator' or a measurement")
     measured_gb: dict[str, float] | None = Field(
         default=None, description="Memory the device shows for it, when measurable"

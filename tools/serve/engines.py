@@ -97,7 +97,7 @@ class EngineManager:
             return {}
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
         tmp.write_text(json.dumps([r.model_dump(mode="json") for r in self._records.values()], indent=1), "utf-8")
         os.replace(tmp, self.path)
 
