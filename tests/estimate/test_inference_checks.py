@@ -9,7 +9,7 @@ from gpubox.errors import UnknownNameError
 from gpubox.tools.estimate import formats
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.inference import weight_plan
-from tests.conftest import call_ok
+from tests.conftest import call_ok, requires_hf
 
 pytestmark = pytest.mark.anyio
 
@@ -63,8 +63,10 @@ async def test_an_iq2_file_is_costed_at_about_two_bits_not_sixteen(client: Clien
     assert iq2["results"][0]["decode_tokens_per_s_ceiling"] > 5 * bf16["results"][0]["decode_tokens_per_s_ceiling"]
 
 
+@requires_hf
 def test_every_gguf_file_type_has_a_size() -> None:
-    gguf = pytest.importorskip("gguf", reason="the hf extra (gguf) is not installed")
+    import gguf
+
     for ftype in gguf.LlamaFileType:
         if ftype.name == "GUESSED":
             continue
@@ -74,8 +76,10 @@ def test_every_gguf_file_type_has_a_size() -> None:
     assert formats.file_type_name(19) == "iq2_xxs" and formats.file_type_name(15) == "q4_k_m"
 
 
+@requires_hf
 def test_the_core_fallback_table_agrees_with_the_gguf_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    gguf = pytest.importorskip("gguf", reason="the hf extra (gguf) is not installed")
+    import gguf
+
     real = {t.name.lower(): size * 8 / block for t, (block, size) in gguf.GGML_QUANT_SIZES.items()}
     for name, bits in formats.FALLBACK_BLOCK_BITS.items():
         base = name.removesuffix("_s") if name == "q2_k_s" else name

@@ -20,7 +20,7 @@ from mcp import Client
 
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
-from tests.conftest import DATA, call_ok
+from tests.conftest import DATA, call_ok, skip_without
 
 DATASET = DATA / "finetune" / "glimmerphone.jsonl"
 BASE_NAME = "smollm2-135m-instruct-hf"
@@ -76,9 +76,7 @@ def _gguf_key(path: Path) -> str:
 @pytest.fixture(scope="session")
 def hf_base() -> Path:
     """The dequantized HF copy of the bundled GGUF, cached in a fixed dir keyed by the GGUF's hash."""
-    pytest.importorskip("trl", reason="needs gpubox[train]")
-    pytest.importorskip("peft", reason="needs gpubox[train]")
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    skip_without("train", "hf")  # a fixture cannot carry requires_ marks; tests/serve/ uses it too
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("needs gpubox[models] (the bundled SmolLM2 GGUF)")

@@ -19,7 +19,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.gpu]
 
 
 async def test_a_qlora_job_on_the_gpu_measures_what_the_plan_predicted(tmp_path: Path, hf_base: Path) -> None:
-    pytest.importorskip("bitsandbytes", reason="needs gpubox[train]")
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:
         async with Client(mcp) as client:

@@ -17,7 +17,7 @@ from gpubox.app import build_server, state_of
 from gpubox.errors import InvalidInputError
 from gpubox.tools.finetune import targets
 from gpubox.tools.finetune.schemas import FinetuneRequest, ResolvedBase
-from tests.conftest import call_err, has_gpu
+from tests.conftest import call_err, has_gpu, requires_hf
 from tests.finetune.conftest import DATASET, make_settings
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +39,8 @@ async def plan_err(client: Client, **args: Any) -> str:
 
 def save_dataset(folder: Path, rows: list[dict[str, Any]]) -> list[str]:
     """A real datasets.save_to_disk folder; returns the names of the files in it."""
-    datasets = pytest.importorskip("datasets", reason="needs gpubox[train]")
+    import datasets  # the folder's requires_train checks it
+
     datasets.Dataset.from_list(rows).save_to_disk(str(folder))
     return sorted(p.name for p in folder.iterdir())
 
@@ -164,7 +165,7 @@ async def test_unparseable_dataset_files_name_the_file_and_the_line(client: Clie
 
 
 async def test_a_garbage_parquet_file_is_an_input_error(client: Client, tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow")
+    pytest.importorskip("pyarrow")  # datasets' dependency, not a module of an extra in gpubox.extras.EXTRAS
     path = tmp_path / "root" / "garbage.parquet"
     path.write_bytes(os.urandom(4096))
     msg = await plan_err(client, dataset=str(path))
@@ -203,8 +204,8 @@ async def test_more_processes_than_the_box_can_run_are_refused(client: Client) -
     assert "num_processes=64" in msg and ("GPU" in msg if has_gpu() else "CPU core" in msg)
 
 
+@requires_hf
 async def test_target_modules_the_model_lacks_are_refused_with_the_real_names(client: Client, tmp_path: Path) -> None:
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
     model = tiny_model(tmp_path / "root" / "models" / "tiny")
     msg = await plan_err(client, model=str(model), lora_target_modules=["no_such_module", "q_proj"])
     assert "'no_such_module' not found in tiny" in msg and "q_proj, up_proj, v_proj" in msg
@@ -223,8 +224,8 @@ def test_the_target_check_matches_names_as_peft_does() -> None:
 
 
 @pytest.mark.slow
+@requires_hf
 async def test_target_modules_are_checked_against_the_bundled_gguf(client: Client) -> None:
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
     msg = await plan_err(client, lora_target_modules=["no_such_module"])
     assert "not found in smollm2-135m-instruct" in msg and "q_proj" in msg
 
@@ -243,7 +244,8 @@ def test_real_save_to_disk_folders_still_load_with_the_checks_on(tmp_path: Path)
     root = tmp_path / "root"
     save_dataset(root / "ds", [{"text": "a"}, {"text": "b"}])
     assert data.load(root / "ds", [root]) == ("text", [{"text": "a"}, {"text": "b"}])
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     split = datasets.Dataset.from_list([{"prompt": "p", "completion": "c"}])
     datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(root / "dd"))
     (root / "linked").symlink_to(root / "ds", target_is_directory=True)  # a link that stays inside the roots

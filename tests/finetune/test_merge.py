@@ -19,17 +19,16 @@ from gpubox.errors import CapacityError
 from gpubox.tools.finetune.adapter import finetuner
 from gpubox.tools.finetune.gguf_export import permute_for_rope
 from gpubox.tools.finetune.merge import Merger
-from tests.conftest import call_err, call_ok, call_result
+from tests.conftest import call_err, call_ok, call_result, requires_hf
 from tests.finetune.conftest import PROMPTS, QUESTION, last_logits_hf, run_with_client
 
-np = pytest.importorskip("numpy", reason="needs gpubox[train]")  # a core-only install collects this file too
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# every test merges (gguf, transformers) or reads the merge with transformers; the folder's mark is requires_train
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, requires_hf]
 
 
 @pytest.fixture(scope="module")
 def merged(trained: dict[str, Any]) -> dict[str, Any]:
     """The shared 12-step LoRA job (teaches the fact; conftest.py), merged through finetune_merge with an f16 GGUF."""
-    pytest.importorskip("gguf", reason="GGUF export needs the gguf package (gpubox[llama])")
     final = trained["final"]
     assert final["state"] == "completed", final
 
@@ -45,6 +44,7 @@ def merged(trained: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_merged_folder_loads_with_transformers_and_matches_the_peft_model(merged: dict[str, Any]) -> None:
+    import numpy as np
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,6 +78,7 @@ async def test_infer_models_lists_the_merged_folder_and_the_gguf(merged: dict[st
 
 def test_the_gguf_loads_in_llama_cpp_and_its_next_token_agrees_with_transformers(merged: dict[str, Any]) -> None:
     import gguf
+    import numpy as np
     import torch
     from llama_cpp import Llama
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -205,7 +206,7 @@ async def test_a_base_without_a_gguf_origin_gets_the_hf_folder_and_the_converter
 
 
 def test_the_rope_permutation_is_the_inverse_of_transformers_gguf_loader() -> None:
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    import numpy as np
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     rng = np.random.default_rng(0)

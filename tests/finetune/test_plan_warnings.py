@@ -13,7 +13,7 @@ from gpubox.app import build_server, state_of
 from gpubox.errors import InvalidInputError
 from gpubox.tools.finetune import launcher, plan_warnings
 from gpubox.tools.gpu.schemas import GpuDevice, GpuProcess
-from tests.conftest import call_ok
+from tests.conftest import call_ok, requires_llama
 from tests.finetune.conftest import DATASET, make_settings
 
 pytestmark = pytest.mark.anyio
@@ -87,10 +87,10 @@ def test_the_rank_that_failed_first_is_read_from_the_launchers_summary_of_this_l
     assert launcher.root_cause(started) is None
 
 
+@requires_llama
 async def test_a_model_loaded_for_inference_is_named_in_the_plan_with_how_to_free_it(
     tmp_path: Path, hf_base: Path
 ) -> None:
-    pytest.importorskip("llama_cpp", reason="needs gpubox[inference] (llama-cpp-python)")
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     args = {"dataset": str(DATASET), "max_length": 64, "max_steps": 2}
     try:

@@ -19,12 +19,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 async def test_a_qlora_job_trains_a_4bit_base_saves_an_adapter_and_merges_into_16bit(
     tmp_path: Path, hf_base: Path
 ) -> None:
-    pytest.importorskip("bitsandbytes", reason="needs gpubox[train]")
+    import numpy as np  # bitsandbytes' and datasets' dependency: the folder's requires_train checks them
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    np = pytest.importorskip("numpy", reason="needs gpubox[train]")
 
     mcp = build_server(make_settings(tmp_path / "root", hf_base))
     try:

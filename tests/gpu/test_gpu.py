@@ -7,11 +7,12 @@ import pytest
 from mcp import Client
 
 from gpubox.tools.gpu.nvml import decode_throttle, gpu_status
-from tests.conftest import call_ok, has_gpu
+from tests.conftest import call_ok, has_gpu, requires_gpu_extra
 
 pytestmark = pytest.mark.anyio
 
 
+@requires_gpu_extra
 async def test_gpu_status_reports_a_missing_gpu_as_data_not_an_error(client: Client) -> None:
     if has_gpu():
         pytest.skip("this machine has a GPU")

@@ -21,14 +21,13 @@ from gpubox.tools.inference import manager as manager_mod
 from gpubox.tools.inference.adapter import manager
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.registry import DEFAULT_MODEL
-from tests.conftest import call_err, call_ok, wait_until
+from tests.conftest import call_err, call_ok, requires_hf, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Any]:
-    pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("needs the bundled SmolLM2 GGUF (gpubox[models])")
@@ -43,8 +42,8 @@ def env(tmp_path: Path) -> Iterator[Any]:
     state_of(mcp).close()
 
 
+@requires_hf
 async def test_status_answers_while_one_client_generates_and_another_loads_a_model(env: Any) -> None:
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
     mgr = manager(state_of(env))
     async with Client(env) as a, Client(env) as b, Client(env) as c:
         await call_ok(a, "infer_load", name=DEFAULT_MODEL, context_length=256)
@@ -133,9 +132,10 @@ def test_unload_waits_for_the_running_request_and_eviction_skips_busy_models(env
     assert done == [True] and DEFAULT_MODEL not in mgr.resident
 
 
+@requires_hf
 async def test_an_exception_in_transformers_generate_reaches_the_caller_and_the_model_unloads(env: Any) -> None:
-    torch = pytest.importorskip("torch", reason="needs gpubox[hf]")
-    pytest.importorskip("transformers", reason="needs gpubox[hf]")
+    import torch
+
     mgr = manager(state_of(env))
     async with Client(env) as client:
         await call_ok(client, "infer_load", name="smollm2-copy", backend="transformers", context_length=256)

@@ -13,16 +13,18 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
-from tests.conftest import call_err, call_ok
+from tests.conftest import call_err, call_ok, requires_hf, requires_train
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 def make_base_and_adapter(state: Path) -> tuple[Path, Path]:
-    """What the fine-tuning job leaves behind: an HF base folder and a peft adapter trained on it."""
-    torch = pytest.importorskip("torch", reason="needs gpubox[hf]")
-    transformers = pytest.importorskip("transformers", reason="needs gpubox[hf]")
-    peft = pytest.importorskip("peft", reason="needs gpubox[train]")
+    """What the fine-tuning job leaves behind: an HF base folder and a peft adapter trained on it (for a test marked
+    requires_hf and requires_train)."""
+    import peft
+    import torch
+    import transformers
+
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("needs the bundled SmolLM2 GGUF (gpubox[models])")
@@ -44,6 +46,8 @@ def make_base_and_adapter(state: Path) -> tuple[Path, Path]:
     return base_dir, adapter_dir
 
 
+@requires_hf
+@requires_train
 async def test_an_adapter_from_fine_tuning_is_listed_and_loads_onto_its_base_in_the_state_dir(tmp_path: Path) -> None:
     state = tmp_path / "state"
     base_dir, _ = make_base_and_adapter(state)

@@ -17,14 +17,14 @@ from gpubox.errors import PathNotAllowedError
 from gpubox.settings import Settings
 from gpubox.tools.inference import registry
 from gpubox.tools.inference.adapter import manager
-from tests.conftest import call_err, call_ok
+from tests.conftest import call_err, call_ok, requires_hf
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test builds a server that lists real model files
+# each test builds a server that lists real model files, whose GGUF headers the gguf package (the hf extra) reads
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, requires_hf]
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
-    pytest.importorskip("gguf", reason="reading GGUF headers needs gpubox[hf]")
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("needs the bundled SmolLM2 GGUF (gpubox[models])")

@@ -74,7 +74,6 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow  # a real server with the model, in a subprocess
 def test_hostile_schemas_are_refused_by_the_real_server_without_crashing_it(tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
     cases = {name: schema for name, (schema, _) in HOSTILE.items()}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "state"), json.dumps(cases)],
@@ -97,7 +96,6 @@ def test_hostile_schemas_are_refused_by_the_real_server_without_crashing_it(tmp_
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_the_grammar_check_alone_catches_what_the_converter_makes_of_each_hostile_schema(name: str) -> None:
-    pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     grammar = json_schema_to_gbnf(json.dumps(HOSTILE[name][0]))
@@ -134,7 +132,6 @@ def test_deep_and_large_schemas_are_bounded() -> None:
 
 
 def test_ordinary_schemas_pass_both_checks() -> None:
-    pytest.importorskip("llama_cpp", reason="needs gpubox[llama]")
     for schema in (
         {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}, "required": ["n"]},
         {"type": "array", "items": {"enum": ["a", "b", 3]}, "minItems": 1, "maxItems": 4},

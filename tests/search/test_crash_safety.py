@@ -15,9 +15,8 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
 from tests.conftest import child_env
-from tests.search.conftest import faiss_ids, finished, make_repo, skip_without_search, snapshot
+from tests.search.conftest import faiss_ids, finished, make_repo, snapshot
 
-skip_without_search()
 pytestmark = pytest.mark.slow
 
 # The child indexes with small batches and kills itself (SIGKILL: no cleanup, no finally) right after commit

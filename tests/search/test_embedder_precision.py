@@ -9,9 +9,7 @@ import pytest
 
 from gpubox.bundled import minilm_dir
 from gpubox.tools.search.embedder import Embedder, cpu_has_bf16
-from tests.search.conftest import skip_without_search
 
-skip_without_search()
 pytestmark = pytest.mark.slow
 
 DOCS = [
@@ -34,7 +32,7 @@ QUERIES = {
 
 def _minilm() -> Path:
     path = minilm_dir()
-    assert path is not None  # skip_without_search checked it
+    assert path is not None  # the folder's requires_models checked it
     return path
 
 
@@ -102,8 +100,6 @@ def test_auto_precision_follows_the_cpu() -> None:
 
 
 def test_queries_run_on_onnx_runtime_with_the_same_vectors(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
-    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
     import numpy as np
 
     reference = Embedder(_minilm(), dtype="float32")
@@ -126,8 +122,6 @@ def test_queries_run_on_onnx_runtime_with_the_same_vectors(tmp_path: Path) -> No
 
 
 def test_an_export_that_disagrees_with_pytorch_is_not_used(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
-    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
     import numpy as np
 
     from gpubox.tools.search import onnx_query
@@ -155,9 +149,6 @@ def _ranking(embedder: Embedder, query: str) -> list[int]:
 def test_the_8_bit_query_encoder_matches_fp32_and_is_kept_only_when_checked_and_faster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("onnxruntime", reason="ONNX query embeddings need onnxruntime: pip install 'gpubox[search]'")
-    pytest.importorskip("onnx", reason="the ONNX export needs onnx: pip install 'gpubox[search]'")
-    pytest.importorskip("onnx_ir", reason="the 8-bit query encoder needs onnx-ir: pip install 'gpubox[search]'")
     from gpubox.tools.search import onnx_query
 
     real_seconds = onnx_query._seconds

@@ -13,26 +13,19 @@ from mcp import Client
 
 from gpubox.app import build_server, state_of
 from gpubox.bundled import minilm_dir
-from gpubox.extras import is_available
 from gpubox.settings import Settings
 from gpubox.tools.search.embedder import Embedder, default_model_path, model_backend
-from tests.conftest import call_err, call_ok
-from tests.search.conftest import make_repo, skip_without_search
+from tests.conftest import call_err, call_ok, requires_model2vec
+from tests.search.conftest import make_repo
 
-skip_without_search()
-if not (is_available("model2vec") and is_available("skeletoken")):
-    pytest.skip(
-        "model2vec static embeddings need model2vec and skeletoken (its distiller): pip install 'gpubox[model2vec]'",
-        allow_module_level=True,
-    )
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, requires_model2vec]
 
 PCA_DIMS = 32
 
 
 def _minilm() -> Path:
     path = minilm_dir()
-    assert path is not None  # skip_without_search checked it
+    assert path is not None  # the folder's requires_models checked it
     return path
 
 
@@ -53,6 +46,9 @@ def m2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model2vec.distill runs the transformer once per vocabulary token (~30k); keeping only MiniLM's first layer and
     32 PCA dims makes that a few seconds of CPU instead of minutes, and the cache makes later runs free.
     """
+    # model2vec.distill imports skeletoken: in pyproject's model2vec extra but not in gpubox.extras.EXTRAS, so the
+    # requires_model2vec marker does not check it
+    pytest.importorskip("skeletoken", reason="model2vec's distiller needs skeletoken: pip install -e '.[model2vec]'")
     src = _minilm()
     dest = Path(tempfile.gettempdir()) / f"gpubox-test-model2vec-{_cache_key(src)}"
     if (dest / "config.json").is_file():

@@ -21,9 +21,7 @@ from gpubox.tools.search import indexer
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
 from tests.conftest import call_err
-from tests.search.conftest import finished, make_repo, skip_without_search
-
-skip_without_search()
+from tests.search.conftest import finished, make_repo
 
 
 def open_db_files(directory: Path) -> list[str]:

@@ -3,17 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from tests.search.conftest import skip_without_search
-
-skip_without_search()
 
 # the real query path in a fresh process (onnxruntime reads the setting once, at import): the model loads, the
 # query encoder is exported, checked and run
@@ -28,11 +23,7 @@ assert e._onnx is not None, "queries did not run on ONNX Runtime"
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(  # find_spec, not importorskip: importing onnxruntime here would write under the real HOME
-    any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnx")),
-    reason="ONNX query embeddings need onnxruntime and onnx: pip install 'gpubox[search]'",
-)
+@pytest.mark.slow  # needs onnxruntime and onnx: the folder's requires_search checks them without importing them
 def test_onnx_query_path_leaves_nothing_under_home(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

@@ -14,9 +14,8 @@ from mcp import Client
 from gpubox.app import state_of
 from gpubox.tools.search.adapter import search_service
 from tests.conftest import call_err, call_ok, wait_until
-from tests.search.conftest import finished, make_repo, skip_without_search
+from tests.search.conftest import finished, make_repo
 
-skip_without_search()
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # query -> (path, symbol) of the right answer

@@ -7,18 +7,17 @@ from typing import Any
 
 import pytest
 
+from gpubox.tools.search import vectors
+
 pytestmark = pytest.mark.slow  # builds FAISS indexes up to the two-pass tier (tens of thousands of vectors)
-np = pytest.importorskip("numpy", reason="vector search needs numpy: pip install 'gpubox[search]'")
-pytest.importorskip("faiss", reason="vector search needs faiss-cpu: pip install 'gpubox[search]'")
-
-from gpubox.tools.search import vectors  # noqa: E402
-
 DIM = 384
 
 
 def clustered(n: int, seed: int = 0) -> Any:
     """Unit vectors in 200 tight groups, like code embeddings (near-duplicates and families of similar
     functions), which is where a coarse first pass could swap close neighbours."""
+    import numpy as np  # faiss-cpu's dependency: the folder's requires_search checks faiss
+
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((200, DIM)).astype(np.float32)
     x = centres[rng.integers(0, 200, n)] + 0.6 * rng.standard_normal((n, DIM)).astype(np.float32)
