@@ -21,7 +21,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.store import IndexStore, fsync_write
-from gpubox.tools.search.walker import WalkOptions, walk
+from gpubox.tools.search.walker import WalkOptions, WalkResult, walk
 
 log = logging.getLogger("gpubox.search")
 
@@ -73,13 +73,29 @@ def embed_text(path: str, c: Chunk) -> str:
     return embedding_text(path, c)
 
 
+FileRow = tuple[str, str, int, str]  # a `files` row: (path, content hash, size, language)
+ChunkRow = tuple[str, str, Chunk, str]  # (path, language, chunk, hash of its embedding text)
+
+
 @dataclass
 class _Group:
     """Files published together in one commit: their rows, and the texts they still need embedded."""
 
-    files: list[tuple[str, str, int, str]] = field(default_factory=list)
-    chunks: list[tuple[str, str, Chunk, str]] = field(default_factory=list)  # (path, language, chunk, hash)
+    files: list[FileRow] = field(default_factory=list)
+    chunks: list[ChunkRow] = field(default_factory=list)
     todo: dict[str, str] = field(default_factory=dict)  # hash -> text to embed
+
+
+@dataclass
+class _Scan:
+    """What the chunking pass found: new and changed files with their chunks, every path still readable, and the
+    counts the report gives."""
+
+    per_file: list[tuple[FileRow, list[ChunkRow]]] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    langs: Counter[str] = field(default_factory=Counter)
+    added: int = 0
+    changed: int = 0
 
 
 def run_index(
@@ -105,51 +121,85 @@ def run_index(
     """
     t0 = time.perf_counter()
     meta = store.meta()
+    _check_model(meta, embedder)
+    progress.phase = "walking"
+    result = walk(root, options)
+    progress.files_total = len(result.files)
+    known = store.file_hashes()
+    progress.phase = "chunking"
+    scan = _scan(root, result, known, progress)
+    removed = [p for p in known if p not in scan.seen]
+    if not scan.per_file and not removed:
+        _close_interrupted_run(store, meta)
+        progress.phase = "ready"
+        files, chunks = store.counts()
+        return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, scan.langs)
+
+    # embed only text we have never embedded (unchanged chunks of an edited file reuse their vectors)
+    have = store.vectors_by_hash(list({h for _, cs in scan.per_file for *_, h in cs}))
+    groups, to_embed = _plan_groups(scan.per_file, have, commit_chunks)
+    progress.phase = "embedding"
+    progress.chunks_to_embed = to_embed
+    publisher = _Publisher(
+        store, root, embedder, ann_threshold, meta, known, removed, vectors=have, to_embed=to_embed, t0=t0
+    )
+    publisher.start(len(scan.per_file))
+    _embed_and_publish(groups, publisher, progress, commit_chunks, write_share, on_commit)
+    files, chunks = store.counts()
+    progress.phase = "ready"
+    reused = sum(len(cs) for _, cs in scan.per_file) - to_embed
+    counts = (scan.added, scan.changed, len(removed), to_embed, reused)
+    return IndexReport(files, chunks, *counts, time.perf_counter() - t0, result.excluded, scan.langs)
+
+
+def _check_model(meta: dict[str, Any], embedder: Embedder) -> None:
+    """Refuse to add vectors from another model: they would share one FAISS space with the old ones."""
     if meta.get("model") and meta["model"] != str(embedder.model_path):
         raise InvalidInputError(
             f"this index was built with embedding model {meta['model']} (dim {meta.get('dim')}); the server now uses "
             f"{embedder.model_path}. Drop it with search_drop and index again."
         )
-    progress.phase = "walking"
-    result = walk(root, options)
-    progress.files_total = len(result.files)
-    known = store.file_hashes()
-    langs: Counter[str] = Counter()
-    per_file: list[tuple[tuple[str, str, int, str], list[tuple[str, str, Chunk, str]]]] = []
-    seen: set[str] = set()
-    added = changed = 0
-    progress.phase = "chunking"
-    for rel, lang in result.files:
+
+
+def _scan(root: Path, walked: WalkResult, known: dict[str, str], progress: Progress) -> _Scan:
+    """Read the walked files; chunk those whose content hash differs from `known`. Files that became unreadable
+    since the walk join its exclusions."""
+    scan = _Scan()
+    for rel, lang in walked.files:
         if progress.cancel.is_set():
             raise Cancelled()
         data = read_inside(root, rel)  # re-checked at open time: the file may have become a symlink since the walk
         progress.files_done += 1
         if data is None:
-            result.excluded["unreadable or replaced since the walk"] += 1
+            walked.excluded["unreadable or replaced since the walk"] += 1
             continue
-        seen.add(rel)
-        langs[lang] += 1
+        scan.seen.add(rel)
+        scan.langs[lang] += 1
         digest = sha(data)
         if known.get(rel) == digest:
             continue
         if rel in known:
-            changed += 1
+            scan.changed += 1
         else:
-            added += 1
+            scan.added += 1
         text = data.decode("utf-8", errors="replace")
         chunks = [(rel, lang, c, sha(embed_text(rel, c).encode())) for c in chunk_text(text, lang)]
-        per_file.append(((rel, digest, len(data), lang), chunks))
-    removed = [p for p in known if p not in seen]
-    if not per_file and not removed:
-        if (meta.get("run") or {}).get("state") == "running":  # an interrupted run whose files are all committed
-            with store.transaction() as db:
-                store.set_meta(db, run={**meta["run"], "state": "complete", "finished": time.time()})
-        progress.phase = "ready"
-        files, chunks = store.counts()
-        return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, langs)
+        scan.per_file.append(((rel, digest, len(data), lang), chunks))
+    return scan
 
-    # embed only text we have never embedded (unchanged chunks of an edited file reuse their vectors)
-    have = store.vectors_by_hash(list({h for _, cs in per_file for *_, h in cs}))
+
+def _close_interrupted_run(store: IndexStore, meta: dict[str, Any]) -> None:
+    """An interrupted run whose files were all committed is finished: nothing is left to embed."""
+    if (meta.get("run") or {}).get("state") == "running":
+        with store.transaction() as db:
+            store.set_meta(db, run={**meta["run"], "state": "complete", "finished": time.time()})
+
+
+def _plan_groups(
+    per_file: list[tuple[FileRow, list[ChunkRow]]], have: dict[str, bytes], commit_chunks: int
+) -> tuple[list[_Group], int]:
+    """Whole files in groups of about `commit_chunks` texts to embed, each text once however many chunks share it;
+    and how many texts that is in all."""
     groups: list[_Group] = [_Group()]
     queued: set[str] = set()
     for f, cs in per_file:
@@ -164,101 +214,129 @@ def run_index(
             groups.append(_Group())
     if len(groups) > 1 and not groups[-1].files:
         groups.pop()
-    total_chunks = sum(len(cs) for _, cs in per_file)
-    progress.phase = "embedding"
-    progress.chunks_to_embed = len(queued)
-    dim = embedder.dimension()
-    gen = int(meta.get("generation", 0))
-    run = {
-        "state": "running",
-        "pid": os.getpid(),
-        "started": time.time(),
-        "files_total": len(per_file),
-        "files_done": 0,
-        "chunks_to_embed": len(queued),
-        "chunks_embedded": 0,
-        "commits": 0,
-    }
-    with store.transaction() as db:
-        store.set_meta(db, run=run)
+    return groups, len(queued)
 
-    fresh: dict[str, bytes] = {}
+
+def _embed_and_publish(
+    groups: list[_Group],
+    publisher: _Publisher,
+    progress: Progress,
+    commit_chunks: int,
+    write_share: float,
+    on_commit: Callable[[int], None] | None,
+) -> None:
+    """Embed group by group; commit what is pending after the last group, and before it whenever run_index's
+    rule allows (enough new chunks, and embedding that outweighed the previous write)."""
     pending = _Group()
     embed_s = last_write_s = 0.0
     since_commit = 0
-    step = max(1, embedder.batch_size)
     for n, g in enumerate(groups):
-        # similar lengths in one batch: less padding, the same order sentence-transformers uses within a call
-        todo = sorted(g.todo, key=lambda h: len(g.todo[h]))
-        t_embed = time.perf_counter()
-        for i in range(0, len(todo), step):
-            if progress.cancel.is_set():
-                raise Cancelled()
-            part = todo[i : i + step]
-            # no SQLite transaction is open here, and bulk=True lets a query take the model between batches
-            vecs = embedder.encode([g.todo[h] for h in part], bulk=True)
-            for h, v in zip(part, vecs, strict=True):
-                fresh[h] = v.tobytes()
-            progress.chunks_embedded += len(part)
-        embed_s += time.perf_counter() - t_embed
+        embed_s += _embed(g.todo, publisher.embedder, progress, publisher.vectors)
         pending.files += g.files
         pending.chunks += g.chunks
         last = n == len(groups) - 1
-        since_commit += len(todo)
+        since_commit += len(g.todo)
         if not last and (since_commit < commit_chunks or embed_s * write_share < last_write_s):
             continue
         progress.phase = "writing"
         t_write = time.perf_counter()
-        gen += 1
-        run["commits"] = int(run["commits"]) + 1
-        run["files_done"] = int(run["files_done"]) + len(pending.files)
-        run["chunks_embedded"] = progress.chunks_embedded
-        if last:
-            run["state"] = "complete"
-            run["finished"] = time.time()
-        rows = [
-            (p, c.start_line, c.end_line, c.symbol, c.kind, lang, c.text, h, fresh.get(h) or have[h])
-            for p, lang, c, h in pending.chunks
-        ]
-        elapsed = time.perf_counter() - t0
-        rate = len(queued) / max(elapsed, 1e-6) if last and len(queued) >= 50 else meta.get("embed_chunks_per_s")
-        _commit(
-            store,
-            gen,
-            files=pending.files,
-            rows=rows,
-            delete=(removed if run["commits"] == 1 else []) + [f[0] for f in pending.files if f[0] in known],
-            dim=dim,
-            ann_threshold=ann_threshold,
-            meta=dict(
-                model=str(embedder.model_path),
-                dim=dim,
-                root=str(root),
-                updated=time.time(),
-                device=embedder.device,
-                embed_chunks_per_s=rate,
-                run=run,
-            ),
-        )
+        publisher.commit(pending, progress.chunks_embedded, last)
         last_write_s, embed_s, since_commit = time.perf_counter() - t_write, 0.0, 0
         pending = _Group()
         progress.phase = "embedding"
         if on_commit is not None:
-            on_commit(int(run["commits"]))
-    files, chunks = store.counts()
-    progress.phase = "ready"
-    return IndexReport(
-        files,
-        chunks,
-        added,
-        changed,
-        len(removed),
-        len(queued),
-        total_chunks - len(queued),
-        time.perf_counter() - t0,
-        result.excluded,
-        langs,
-    )
+            on_commit(int(publisher.run["commits"]))
+
+
+def _embed(todo: dict[str, str], embedder: Embedder, progress: Progress, into: dict[str, bytes]) -> float:
+    """Embed `todo` (hash -> text) into `into` (hash -> vector bytes), a batch at a time; returns the seconds."""
+    # similar lengths in one batch: less padding, the same order sentence-transformers uses within a call
+    order = sorted(todo, key=lambda h: len(todo[h]))
+    step = max(1, embedder.batch_size)
+    t0 = time.perf_counter()
+    for i in range(0, len(order), step):
+        if progress.cancel.is_set():
+            raise Cancelled()
+        part = order[i : i + step]
+        # no SQLite transaction is open here, and bulk=True lets a query take the model between batches
+        vecs = embedder.encode([todo[h] for h in part], bulk=True)
+        for h, v in zip(part, vecs, strict=True):
+            into[h] = v.tobytes()
+        progress.chunks_embedded += len(part)
+    return time.perf_counter() - t0
+
+
+@dataclass
+class _Publisher:
+    """A run's commits: each one bumps the index generation and meta['run'], and publishes a batch of files."""
+
+    store: IndexStore
+    root: Path
+    embedder: Embedder
+    ann_threshold: int
+    meta: dict[str, Any]  # the index's meta as the run found it
+    known: dict[str, str]  # path -> content hash before the run: these paths' old rows go
+    removed: list[str]  # paths gone since the last run: the first commit deletes them
+    vectors: dict[str, bytes]  # hash -> vector: those already stored, then those this run embeds
+    to_embed: int
+    t0: float
+    run: dict[str, Any] = field(default_factory=dict)  # meta['run'], written with every commit
+    dim: int = 0
+    gen: int = 0
+
+    def start(self, files_total: int) -> None:
+        """Record the run in meta before anything is embedded, so a killed run is seen as one."""
+        self.dim = self.embedder.dimension()
+        self.gen = int(self.meta.get("generation", 0))
+        self.run = {
+            "state": "running",
+            "pid": os.getpid(),
+            "started": time.time(),
+            "files_total": files_total,
+            "files_done": 0,
+            "chunks_to_embed": self.to_embed,
+            "chunks_embedded": 0,
+            "commits": 0,
+        }
+        with self.store.transaction() as db:
+            self.store.set_meta(db, run=self.run)
+
+    def commit(self, batch: _Group, chunks_embedded: int, last: bool) -> None:
+        self.gen += 1
+        run = self.run
+        run["commits"] = int(run["commits"]) + 1
+        run["files_done"] = int(run["files_done"]) + len(batch.files)
+        run["chunks_embedded"] = chunks_embedded
+        if last:
+            run["state"] = "complete"
+            run["finished"] = time.time()
+        rows = [
+            (p, c.start_line, c.end_line, c.symbol, c.kind, lang, c.text, h, self.vectors[h])
+            for p, lang, c, h in batch.chunks
+        ]
+        elapsed = time.perf_counter() - self.t0
+        # the measured rate replaces the stored one only when this run embedded enough to measure it
+        rate = (
+            self.to_embed / max(elapsed, 1e-6) if last and self.to_embed >= 50 else self.meta.get("embed_chunks_per_s")
+        )
+        _commit(
+            self.store,
+            self.gen,
+            files=batch.files,
+            rows=rows,
+            delete=(self.removed if run["commits"] == 1 else []) + [f[0] for f in batch.files if f[0] in self.known],
+            dim=self.dim,
+            ann_threshold=self.ann_threshold,
+            meta=dict(
+                model=str(self.embedder.model_path),
+                dim=self.dim,
+                root=str(self.root),
+                updated=time.time(),
+                device=self.embedder.device,
+                embed_chunks_per_s=rate,
+                run=run,
+            ),
+        )
 
 
 def _commit(
