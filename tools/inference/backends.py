@@ -5,7 +5,6 @@ Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy im
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 import time
@@ -19,12 +18,11 @@ from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
+from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
 T = TypeVar("T")
-STREAM_POLL_S = 1.0  # how often the transformers reader wakes to see whether the generate thread died
-STALL_S = 600.0  # no token for this long: the generate thread is stuck; give the caller an error
 
 
 def _free_accelerator_memory() -> None:
@@ -280,79 +278,28 @@ class TransformersBackend:
         cancel: threading.Event,
     ) -> GenOutput:
         import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+        from transformers import TextIteratorStreamer
 
         if p.json_schema is not None:
             raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
-        if messages is not None:
-            if not self.tokenizer.chat_template:
-                raise InvalidInputError("this model has no chat template; use infer_complete with a raw prompt")
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = prompt or ""
-        inputs = self.tokenizer(text, return_tensors="pt").to(self.model.device)
+        inputs = self.tokenizer(self._prompt_text(messages, prompt), return_tensors="pt").to(self.model.device)
         n_prompt = int(inputs["input_ids"].shape[1])
         if n_prompt + p.max_tokens > self.n_ctx:
             raise context_error(n_prompt, p.max_tokens, self.n_ctx)
-
-        class Cancelled(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-                return cancel.is_set()
-
         if p.seed is not None:
             torch.manual_seed(p.seed)
+        # the timeout lets the reader notice a generate thread that died without ending the stream (hf_stream)
         streamer = TextIteratorStreamer(
             self.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=STREAM_POLL_S
         )
-        gen_kwargs: dict[str, Any] = {
-            **inputs,
-            "max_new_tokens": p.max_tokens,
-            "streamer": streamer,
-            "do_sample": p.temperature > 0,
-            "repetition_penalty": p.repeat_penalty,
-            "stopping_criteria": StoppingCriteriaList([Cancelled()]),
-            "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
-        }
-        if p.temperature > 0:
-            gen_kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k)
-        if p.stop:
-            gen_kwargs.update(stop_strings=p.stop, tokenizer=self.tokenizer)
+        gen_kwargs = {**inputs, **self._generate_kwargs(p, streamer, cancel)}
         out: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                with torch.inference_mode():
-                    out["ids"] = self.model.generate(**gen_kwargs)
-            except BaseException as exc:  # handed to the caller below; the streamer must still end
-                out["err"] = exc
-                streamer.end()
-
         t0 = time.perf_counter()
-        worker = threading.Thread(target=run, name="gpubox-hf-generate", daemon=True)
+        worker = threading.Thread(
+            target=generate_into, args=(self.model, gen_kwargs, streamer, out), name="gpubox-hf-generate", daemon=True
+        )
         worker.start()
-        first: float | None = None
-        parts: list[str] = []
-        last = time.perf_counter()
-        while True:
-            try:
-                piece = next(streamer)
-            except StopIteration:
-                break
-            except queue.Empty:  # no token within STREAM_POLL_S: is the generate thread still there?
-                if not worker.is_alive():
-                    break
-                if time.perf_counter() - last > STALL_S:
-                    cancel.set()
-                    raise GpuboxError(
-                        f"transformers produced no token for {STALL_S:.0f} s; generation stopped"
-                    ) from None
-                continue
-            last = time.perf_counter()
-            if piece:
-                if first is None:
-                    first = time.perf_counter()
-                parts.append(piece)
-                on_text(piece)
+        parts, first = read_stream(streamer, worker, cancel, on_text)
         worker.join()
         if "err" in out:
             raise _generate_error(out["err"])
@@ -360,9 +307,8 @@ class TransformersBackend:
         n_new = int(out["ids"].shape[1]) - n_prompt if "ids" in out else 0
         text_out = "".join(parts)
         finish = "cancelled" if cancel.is_set() else ("length" if n_new >= p.max_tokens else "stop")
-        for s in p.stop:  # transformers keeps the stop string; llama.cpp drops it
-            if finish == "stop" and s in text_out:
-                text_out = text_out[: text_out.index(s)]
+        if finish == "stop":
+            text_out = cut_at_stop(text_out, p.stop)
         decode_s = total - ((first - t0) if first else 0)
         return GenOutput(
             text=text_out,
@@ -374,6 +320,36 @@ class TransformersBackend:
             decode_tps=(n_new - 1) / decode_s if n_new > 1 and decode_s > 0 else None,
             total_s=total,
         )
+
+    def _prompt_text(self, messages: list[dict[str, str]] | None, prompt: str | None) -> str:
+        """The text to tokenize: chat messages through the model's chat template, else the raw prompt."""
+        if messages is None:
+            return prompt or ""
+        if not self.tokenizer.chat_template:
+            raise InvalidInputError("this model has no chat template; use infer_complete with a raw prompt")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _generate_kwargs(self, p: GenParams, streamer: Any, cancel: threading.Event) -> dict[str, Any]:
+        """model.generate's arguments besides the inputs: sampling as `p` asks, streaming, and a stop on `cancel`."""
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        class Cancelled(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+                return cancel.is_set()
+
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": p.max_tokens,
+            "streamer": streamer,
+            "do_sample": p.temperature > 0,
+            "repetition_penalty": p.repeat_penalty,
+            "stopping_criteria": StoppingCriteriaList([Cancelled()]),
+            "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        }
+        if p.temperature > 0:
+            kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k)
+        if p.stop:
+            kwargs.update(stop_strings=p.stop, tokenizer=self.tokenizer)
+        return kwargs
 
     def close(self) -> None:
         self.model = None
