@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:  # numpy comes with the export's extras; the server imports this module on core installs
+if TYPE_CHECKING:  # numpy and gguf come with the export's extras; the server imports this module on core installs
+    import gguf
     import numpy as np
 
 from gpubox.errors import InvalidInputError
@@ -75,7 +76,6 @@ def write_gguf(
     torch tensors or arrays). Returns counts for the result. Raises InvalidInputError on any mismatch, before
     anything is written."""
     import gguf
-    import numpy as np
 
     reader = gguf.GGUFReader(str(source))
     arch = check_exportable(source)
@@ -87,9 +87,30 @@ def write_gguf(
         f = reader.fields.get(f"{arch}.{key}")
         return None if f is None else f.contents()
 
-    n_blocks, n_head, n_head_kv = kv("block_count") or 0, kv("attention.head_count"), kv("attention.head_count_kv")
-    tmap = gguf.get_tensor_name_map(arch_enum, int(n_blocks))
+    tmap = gguf.get_tensor_name_map(arch_enum, int(kv("block_count") or 0))
     wanted = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
+    source_of = _match_tensors(weights, tmap, wanted)
+    heads = (kv("attention.head_count"), kv("attention.head_count_kv"))
+    order = [t.name for t in reader.tensors]
+    writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+    _copy_metadata(reader, writer, outtype, name)
+    # tensor infos first, then one tensor at a time: a 7B model never sits in memory twice
+    counts = _add_tensor_infos(writer, [(g, wanted[g]) for g in order], outtype)
+    log(f"writing {len(order)} tensors ({counts}) to {out.name}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for gname in order:
+        arr = _gguf_values(weights[source_of[gname]], gname, arch, heads)
+        _write_tensor(writer, arr, _qtype(wanted[gname], outtype))
+    writer.close()
+    return {"architecture": arch, "tensors": len(order), "tensor_types": counts}
+
+
+def _match_tensors(
+    weights: Mapping[str, Any], tmap: gguf.TensorNameMap, wanted: dict[str, tuple[int, ...]]
+) -> dict[str, str]:
+    """GGUF tensor name -> the HF weight that fills it. Every tensor of the source needs one of the same shape."""
     source_of: dict[str, str] = {}
     for hf_name, value in weights.items():
         gname = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -107,30 +128,39 @@ def write_gguf(
             f"no merged weight maps to {len(missing)} tensor(s) of the base GGUF (first: {missing[:3]}); "
             f"{CONVERTER_HINT}"
         )
+    return source_of
 
-    def values(gname: str) -> np.ndarray:
-        value = weights[source_of[gname]]
-        arr = value.detach().float().cpu().numpy() if hasattr(value, "detach") else np.asarray(value, np.float32)
-        if arch == "llama" and gname.endswith("attn_q.weight"):
-            arr = permute_for_rope(arr, int(n_head), int(n_head))
-        elif arch == "llama" and gname.endswith("attn_k.weight"):
-            arr = permute_for_rope(arr, int(n_head), int(n_head_kv or n_head))
-        return arr
 
-    F16, F32, Q8_0 = (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0)
+def _gguf_values(value: Any, gname: str, arch: str, heads: tuple[Any, Any]) -> np.ndarray:
+    """A merged weight as the float32 array GGUF stores: llama's q/k projections permuted back for llama.cpp's
+    rope layout (module docstring). `heads`: the source's (head_count, head_count_kv)."""
+    import numpy as np
 
-    def qtype_of(shape: tuple[int, ...]) -> gguf.GGMLQuantizationType:
-        # llama.cpp keeps 1-D tensors (norms, biases) in f32 whatever the file type, as its converter does
-        if len(shape) < 2 or outtype == "f32":
-            return F32
-        if outtype == "q8_0" and shape[-1] % 32 == 0:
-            return Q8_0
-        return F16  # f16, or a q8_0 row that is not whole 32-value blocks
+    n_head, n_head_kv = heads
+    arr = value.detach().float().cpu().numpy() if hasattr(value, "detach") else np.asarray(value, np.float32)
+    if arch == "llama" and gname.endswith("attn_q.weight"):
+        arr = permute_for_rope(arr, int(n_head), int(n_head))
+    elif arch == "llama" and gname.endswith("attn_k.weight"):
+        arr = permute_for_rope(arr, int(n_head), int(n_head_kv or n_head))
+    return arr
 
-    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
-        outtype, gguf.LlamaFileType.MOSTLY_Q8_0
-    )
-    writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+
+def _qtype(shape: tuple[int, ...], outtype: OutType) -> gguf.GGMLQuantizationType:
+    import gguf
+
+    # llama.cpp keeps 1-D tensors (norms, biases) in f32 whatever the file type, as its converter does
+    if len(shape) < 2 or outtype == "f32":
+        return gguf.GGMLQuantizationType.F32
+    if outtype == "q8_0" and shape[-1] % 32 == 0:
+        return gguf.GGMLQuantizationType.Q8_0
+    return gguf.GGMLQuantizationType.F16  # f16, or a q8_0 row that is not whole 32-value blocks
+
+
+def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, outtype: OutType, name: str | None) -> None:
+    """Every key-value field of the source (tokenizer, chat template, hyper-parameters), with the file type set
+    by `outtype` and general.name by `name` when given."""
+    import gguf
+
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
             continue  # the writer adds the header and the architecture; the file type follows outtype
@@ -138,28 +168,37 @@ def write_gguf(
         sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         value = name if key == "general.name" and name else field.contents()
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
+        outtype, gguf.LlamaFileType.MOSTLY_Q8_0
+    )
     writer.add_file_type(int(ftype))
-    # tensor infos first, then one tensor at a time: a 7B model never sits in memory twice
+
+
+def _add_tensor_infos(
+    writer: gguf.GGUFWriter, tensors: list[tuple[str, tuple[int, ...]]], outtype: OutType
+) -> dict[str, int]:
+    """Declare each (name, shape) in its stored type; returns how many tensors each type has."""
+    import gguf
+    import numpy as np
+
     counts: dict[str, int] = {}
-    order = [t.name for t in reader.tensors]
-    for gname in order:
-        shape, qtype = wanted[gname], qtype_of(wanted[gname])
+    for gname, shape in tensors:
+        qtype = _qtype(shape, outtype)
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
-        if qtype == Q8_0:
+        if qtype == gguf.GGMLQuantizationType.Q8_0:
             byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
             writer.add_tensor_info(gname, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
         else:
-            dt = np.dtype(np.float16 if qtype == F16 else np.float32)
+            dt = np.dtype(np.float16 if qtype == gguf.GGMLQuantizationType.F16 else np.float32)
             writer.add_tensor_info(gname, shape, dt, int(np.prod(shape)) * dt.itemsize)
-    log(f"writing {len(order)} tensors ({counts}) to {out.name}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for gname in order:
-        arr, qtype = values(gname), qtype_of(wanted[gname])
-        if qtype == Q8_0:
-            writer.write_tensor_data(gguf.quants.quantize(arr, qtype))
-        else:
-            writer.write_tensor_data(arr.astype(np.float16 if qtype == F16 else np.float32))
-    writer.close()
-    return {"architecture": arch, "tensors": len(order), "tensor_types": counts}
+    return counts
+
+
+def _write_tensor(writer: gguf.GGUFWriter, arr: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
+    import gguf
+    import numpy as np
+
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        writer.write_tensor_data(gguf.quants.quantize(arr, qtype))
+    else:
+        writer.write_tensor_data(arr.astype(np.float16 if qtype == gguf.GGMLQuantizationType.F16 else np.float32))
