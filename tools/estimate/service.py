@@ -212,7 +212,18 @@ class Estimator:
             weight_format=fmt,
         )
         trainable = tr.trainable_params(shape, plan)
-        micro = req.per_device_train_batch_size if isinstance(req.per_device_train_batch_size, int) else None
+        run = tr.RunInput(
+            micro_batch=req.per_device_train_batch_size if isinstance(req.per_device_train_batch_size, int) else None,
+            target_global_batch=req.target_global_batch,
+            accumulation=req.gradient_accumulation_steps,
+            checkpointing=None if gc_req == "auto" else gc_req,
+            dataset_tokens=dataset_tokens,
+            epochs=req.num_train_epochs,
+            max_steps=req.max_steps,
+            gpu_count=req.num_processes,
+            usd_per_kwh=self.settings.electricity_usd_per_kwh,
+            tokens_per_s_override=req.tokens_per_s,
+        )
         dtype = "fp16" if req.fp16 else ("fp32" if fmt == "fp32" else "bf16")
         warnings: list[str] = []
         results = []
@@ -222,25 +233,9 @@ class Estimator:
                 why := tr.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
             ):
                 warnings.append(why)
-            r = tr.plan_on_gpu(
-                shape,
-                plan,
-                t.spec,
-                catalog=self.catalog,
-                store=self.store,
-                micro_batch=micro,
-                target_global_batch=req.target_global_batch,
-                dataset_tokens=dataset_tokens,
-                epochs=req.num_train_epochs,
-                gpu_count=req.num_processes,
-                usd_per_kwh=self.settings.electricity_usd_per_kwh,
-                tokens_per_s_override=req.tokens_per_s,
-                # a GPU is planned on its real memory; the CPU on the RAM available now
-                vram_override_gb=t.available_gb if t.spec.id == "cpu" else t.total_gb,
-                checkpointing=None if gc_req == "auto" else gc_req,
-                accumulation=req.gradient_accumulation_steps,
-                max_steps=req.max_steps,
-            )
+            # a GPU is planned on its real memory; the CPU on the RAM available now
+            vram = t.available_gb if t.spec.id == "cpu" else t.total_gb
+            r = tr.plan_on_gpu(shape, plan, t.spec, run, catalog=self.catalog, store=self.store, vram_override_gb=vram)
             r.spec_source = t.source
             results.append(r)
         if len(results) > 1:

@@ -247,66 +247,60 @@ def comparable(p: TrainingPlanInput, gc: bool) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class RunInput:
+    """What a run asks for besides its memory plan: batch sizes, length, GPU count and prices. The same on every
+    device a request is planned on."""
+
+    micro_batch: int | None  # None: the largest that fits
+    target_global_batch: int | None
+    accumulation: int | None  # gradient_accumulation_steps; None: from target_global_batch
+    checkpointing: bool | None  # None: 'auto' (see plan_on_gpu)
+    dataset_tokens: int | None
+    epochs: float
+    max_steps: int | None
+    gpu_count: int
+    usd_per_kwh: float
+    tokens_per_s_override: float | None = None
+
+
 def plan_on_gpu(
     shape: ModelShape,
     p: TrainingPlanInput,
     gpu: GpuSpec,
+    run: RunInput,
     *,
     catalog: Catalog,
     store: CalibrationStore | None,
-    micro_batch: int | None,
-    target_global_batch: int | None,
-    dataset_tokens: int | None,
-    epochs: float,
-    gpu_count: int,
-    usd_per_kwh: float,
-    tokens_per_s_override: float | None,
     vram_override_gb: float | None = None,
-    checkpointing: bool | None = None,
-    accumulation: int | None = None,
-    max_steps: int | None = None,
 ) -> TrainingOnGpu:
-    """`checkpointing` None means 'auto': off unless, without it, the requested micro-batch (or, when the
+    """`run.checkpointing` None means 'auto': off unless, without it, the requested micro-batch (or, when the
     planner chooses, not even micro-batch 1) fits under the headroom."""
     vram = vram_override_gb if vram_override_gb is not None else gpu.vram_gb
-    sizes = [micro_batch] if micro_batch else MICRO_BATCHES
+    sizes = [run.micro_batch] if run.micro_batch else MICRO_BATCHES
+    checkpointing = run.checkpointing
     if checkpointing is None:
         f_off, _ = _factor(store, gpu, shape, p, False)
         first = _candidates(shape, p, False, f_off, vram, sizes[:1], True)[0]
         checkpointing = first.status != "fits"
     p = replace(p, gradient_checkpointing=checkpointing)
     factor, calib = _factor(store, gpu, shape, p, checkpointing)
-    mfu, mfu_src = MFU[p.method], MFU_SOURCE
-    if store is not None:
-        same = comparable(p, checkpointing)
-        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method, config=same)
-        if r is not None and r.mfu:
-            mfu, mfu_src = r.mfu, f"measured: run #{r.id} ({r.model}, {r.created_at[:10]})"
+    mfu, mfu_src = _mfu(store, gpu, shape, p)
 
     candidates = _candidates(shape, p, checkpointing, factor, vram, sizes, False)
     fitting = [c.micro_batch for c in candidates if c.status == "fits"]
     chosen = max(fitting) if fitting else None
-    breakdown = memory_at(shape, p, chosen or (micro_batch or 1), checkpointing, factor)
+    breakdown = memory_at(shape, p, chosen or (run.micro_batch or 1), checkpointing, factor)
     without_gc: list[BatchCandidate] = []
     if checkpointing:
         without_gc = _candidates(shape, p, False, ACTIVATION_FACTOR[False], vram, sizes, False)
-
-    accum = global_batch = None
-    if chosen:
-        per_step = chosen * gpu_count
-        from_target = max(1, math.ceil(target_global_batch / per_step)) if target_global_batch else 1
-        accum = accumulation or from_target
-        global_batch = per_step * accum
+    accum, global_batch = _accumulation(chosen, run)
 
     fpt = flops_per_token(shape, p)
     peak = gpu.bf16_tflops * 1e12  # FP16 tensor rate on GPUs without BF16 (T4, V100): same column
-    tps = tokens_per_s_override or mfu * peak * gpu_count / fpt
-    total_tokens: float | None = None
-    if max_steps and global_batch:  # max_steps overrides epochs, as in transformers
-        total_tokens = max_steps * global_batch * p.seq_len
-    elif dataset_tokens:
-        total_tokens = dataset_tokens * epochs
-    hours = total_tokens / (tps * 3600) if total_tokens is not None else None
+    tps = run.tokens_per_s_override or mfu * peak * run.gpu_count / fpt
+    hours = _wall_hours(run, global_batch, p.seq_len, tps)
+    gpu_count = run.gpu_count
     costs = catalog.costs(gpu.id, lambda hourly: round(hourly * hours * gpu_count, 2)) if hours is not None else []
     return TrainingOnGpu(
         gpu=gpu.id,
@@ -322,14 +316,44 @@ def plan_on_gpu(
         global_batch=global_batch,
         tokens_per_s=round(tps, 2),
         mfu=round(mfu, 4),
-        mfu_source=mfu_src if not tokens_per_s_override else "throughput given by the caller",
+        mfu_source=mfu_src if not run.tokens_per_s_override else "throughput given by the caller",
         flops_per_token=fpt,
         wall_hours=round(hours, 4) if hours is not None else None,
         costs=costs,
-        electricity_usd=round(gpu.tdp_w * hours * gpu_count / 1000 * usd_per_kwh, 2) if hours is not None else None,
+        electricity_usd=round(gpu.tdp_w * hours * gpu_count / 1000 * run.usd_per_kwh, 2) if hours is not None else None,
         calibration=calib,
         gradient_checkpointing=checkpointing,
     )
+
+
+def _mfu(store: CalibrationStore | None, gpu: GpuSpec, shape: ModelShape, p: TrainingPlanInput) -> tuple[float, str]:
+    """(MFU, source): a comparable calibrated run's, else the method's default."""
+    if store is not None:
+        same = comparable(p, p.gradient_checkpointing)
+        r = store.best("training", gpu.id, "mfu", params=shape.params(), method=p.method, config=same)
+        if r is not None and r.mfu:
+            return r.mfu, f"measured: run #{r.id} ({r.model}, {r.created_at[:10]})"
+    return MFU[p.method], MFU_SOURCE
+
+
+def _accumulation(micro_batch: int | None, run: RunInput) -> tuple[int | None, int | None]:
+    """(gradient accumulation steps, global batch) at `micro_batch` per GPU; both None when nothing fits."""
+    if not micro_batch:
+        return None, None
+    per_step = micro_batch * run.gpu_count
+    from_target = max(1, math.ceil(run.target_global_batch / per_step)) if run.target_global_batch else 1
+    accum = run.accumulation or from_target
+    return accum, per_step * accum
+
+
+def _wall_hours(run: RunInput, global_batch: int | None, seq_len: int, tokens_per_s: float) -> float | None:
+    """Hours the run takes at `tokens_per_s`, or None when its length is unknown."""
+    total_tokens: float | None = None
+    if run.max_steps and global_batch:  # max_steps overrides epochs, as in transformers
+        total_tokens = run.max_steps * global_batch * seq_len
+    elif run.dataset_tokens:
+        total_tokens = run.dataset_tokens * run.epochs
+    return total_tokens / (tokens_per_s * 3600) if total_tokens is not None else None
 
 
 def plausibility(tps_given: float, shape: ModelShape, p: TrainingPlanInput, gpu: GpuSpec, gpu_count: int) -> str | None:
