@@ -58,7 +58,7 @@ def test_two_nodes_pipeline_across_ray() -> None:
 def test_overrides_are_checked_against_the_model_and_the_box() -> None:
     s = shape("llama-3.1-8b")
     gpus = [Gpu(total_gb=80.0, free_gb=80.0) for _ in range(2)]
-    with pytest.raises(InvalidInputError, match="more than the 2 GPUs"):
+    with pytest.raises(InvalidInputError, match="needs 4 GPUs; 2 are visible here"):
         plan_engine(s, 16.0, None, gpus, 64.0, 2048, Overrides(tensor_parallel_size=4))
     with pytest.raises(InvalidInputError, match="above the model's"):
         plan_engine(s, 16.0, None, [], 64.0, 2048, Overrides(max_model_len=10_000_000))
@@ -76,3 +76,12 @@ def test_a_lora_adapter_is_served_on_its_base_by_name_with_a_rank_vllm_accepts(t
     args = lora_args(Adapter(name="glimmer", path=Path("/a/glimmer"), rank=12, base=base))
     assert args == ["--enable-lora", "--lora-modules", "glimmer=/a/glimmer", "--max-lora-rank", "16"]
     assert lora_args(Adapter(name="x", path=Path("/x"), rank=4096, base=base))[-1] == "512"
+
+
+def test_pipeline_stages_on_one_node_reserve_every_gpu_they_run_on_and_never_more_than_is_free() -> None:
+    s = shape("llama-3.1-8b")
+    gpus = [Gpu(total_gb=85.52, free_gb=80.2 + i / 100) for i in range(2)]  # shares that would round up
+    plan, args = plan_engine(s, 16.0, None, gpus, 64.0, 2048, Overrides(pipeline_parallel_size=2))
+    assert set(plan.memory_gb) == {"cuda:0", "cuda:1", "host"}  # stage 2 runs on cuda:1: reserved too
+    assert all(plan.memory_gb[f"cuda:{i}"] <= g.free_gb for i, g in enumerate(gpus))  # the ledger can admit it
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"

@@ -1,7 +1,8 @@
 """The memory a benchmark worker will hold, per ledger device, from its parameters (before it starts).
 
 Sizes follow what the workers allocate: attention keeps Q, K, V and the output per shape plus an fp32 reference
-of each, and the math backend materialises the B·H·N·N score and softmax matrices (also in the fp32 reference);
+of each, and the math backend materialises the B·H·N·N score and softmax matrices (the fp32 reference does so a
+few heads at a time, under 2 GB);
 backward doubles the tensors (their gradients). bench_device holds three bandwidth buffers, three square fp32
 matrices and, on a GPU, a pinned host buffer. A torch worker process itself takes about 0.6 GB of host RAM, and a
 CUDA context about 0.5 GB on its GPU.
@@ -31,7 +32,9 @@ def attention_gb(params: dict[str, Any], cuda: bool) -> float:
     for n in params.get("seq_lens") or d["seq_lens"]:
         for dim in params.get("head_dims") or d["head_dims"]:
             tensors = 4 * batch * heads * n * dim * (b + 4)
-            scores = 2 * batch * heads * n * n * (b + 4)
+            # the backend's scores and softmax in its dtype; the fp32 reference computes a few heads at a time
+            # and stays under 2 GB (attention.reference)
+            scores = 2 * batch * heads * n * n * b + min(2e9, 2 * batch * heads * n * n * 4)
             worst = max(worst, (tensors + scores) * (2 if params.get("backward") else 1))
     return worst / GB
 

@@ -99,6 +99,8 @@ class BenchService:
 
         def wait() -> None:
             self.ledger.wait_reserve(owner, "benchmark", needs, "waiting for the benchmark to end", cancel, ready=ready)
+            if cancel.is_set():  # the caller went away while this thread was being admitted
+                self.ledger.release(owner)
 
         async def report() -> None:
             while progress is not None:
@@ -112,7 +114,8 @@ class BenchService:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(report)
                 try:
-                    await anyio.to_thread.run_sync(wait)
+                    # abandoned on cancel: the waiting thread sees `cancel` within a second and leaves the queue
+                    await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
                 except GpuboxError as exc:  # raised outside the group, so the client reads it unwrapped
                     refused = exc
                 tg.cancel_scope.cancel()
@@ -120,7 +123,7 @@ class BenchService:
                 raise refused
             while not self._lock.acquire(blocking=False):  # another queued caller won the slot first: queue again
                 self.ledger.release(owner)
-                await anyio.to_thread.run_sync(wait)
+                await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except BaseException:
             cancel.set()
             self.ledger.release(owner)

@@ -84,7 +84,13 @@ class Ledger:
 
     def _sync(self) -> None:
         """Refresh the other servers' holdings (caller holds self._cond and the file lock)."""
-        named = (h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"}) for h in self._read_file())
+        held = self._read_file()
+        for h in held:  # a dead server's worker or engine still holds memory: this server takes it over
+            orphan = h.server_pid not in (None, os.getpid()) and not pid_alive(h.server_pid, None)
+            if orphan and h.pid != h.server_pid and pid_alive(h.pid, h.pid_started) and h.owner not in self._holdings:
+                self._holdings[h.owner] = h.model_copy(update={"server_pid": os.getpid()})
+                self.restored.append(h.owner)
+        named = (h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"}) for h in held)
         self._others = {
             h.owner: h
             for h in named

@@ -71,9 +71,10 @@ class JobQueue:
     def _wait(self, job_id: str, needs: dict[str, float], ready: Callable[[], bool], cancel: threading.Event) -> None:
         try:
             self.ledger.wait_reserve(owner(job_id), "finetune", needs, frees(job_id), cancel, ready=ready)
-        except GpuboxError as exc:
+        except Exception as exc:  # a refusal, or a database/disk error: the job must not stay queued forever
             if not cancel.is_set():
-                self.fail(job_id, str(exc))
+                why = str(exc) if isinstance(exc, GpuboxError) else f"waiting for memory failed: {exc!r}"
+                self.fail(job_id, why)
             return
         finally:
             with self._lock:

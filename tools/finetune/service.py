@@ -59,9 +59,13 @@ class Finetuner:
         self.loaded = loaded or dict
         self._settled: dict[str, threading.Event] = {}  # jobs whose worker this process watches
         self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
-        for row in self.store.all():  # a restart re-queues what was waiting (their waiter threads died with it)
+        # a restart re-queues what was waiting (their waiter threads died with it), oldest first
+        for row in sorted(self.store.all(), key=lambda r: r["created"]):
             if row["state"] == "queued":
-                self._enqueue(row["id"])
+                try:
+                    self._enqueue(row["id"])
+                except Exception as exc:  # a plan deleted or no longer valid: that job fails, the others wait on
+                    self._fail_queued(row["id"], f"could not be queued again after a restart: {exc}")
         threading.Thread(target=self._settle_finished, name="finetune-settle", daemon=True).start()
 
     # --- plan -----------------------------------------------------------------------------------

@@ -20,12 +20,27 @@ from gpubox.tools.serve.schemas import EngineList, EngineStatus
 EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$")]
 
 
-async def confirm_serve(ctx: Context, model: str) -> Any:
-    """Ask the user (when the client can) with the memory the engine would hold, before it starts."""
+async def confirm_serve(
+    ctx: Context,
+    model: str,
+    max_model_len: int | None = None,
+    dtype: str | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    nodes: int = 1,
+    gpu_memory_utilization: float | None = None,
+    kv_cache_space_gb: int | None = None,
+) -> Any:
+    """Ask the user (when the client can) with the memory the engine would hold with these flags, before it
+    starts; a plan that fails is reported by the tool body with its reason."""
     svc = services.serve(app_state(ctx))
+    o = Overrides(
+        max_model_len, dtype, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
+        kv_cache_space_gb, None, nodes,
+    )  # fmt: skip
     try:
-        _base, plan, _args = await anyio.to_thread.run_sync(lambda: svc.plan(model, Overrides()))
-    except GpuboxError:  # the tool body reports it
+        _base, plan, _args = await anyio.to_thread.run_sync(lambda: svc.plan(model, o))
+    except GpuboxError:
         return go_ahead()
     held = ", ".join(f"{gb:.1f} GB on {d}" for d, gb in plan.memory_gb.items())
     return ask(ctx, f"Start a vLLM engine for {model}: it holds {held} until serve_stop; start-up takes minutes.")

@@ -99,7 +99,19 @@ def metrics(base_url: str, api_key: str | None, timeout: float = 2.0) -> EngineM
 async def stream(
     base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
 ) -> AsyncIterator[dict[str, Any]]:
-    """POST with stream=true and yield each server-sent JSON chunk."""
+    """POST with stream=true and yield each server-sent JSON chunk; a connection failure is a BusyError."""
+    try:
+        async for chunk in _stream(base_url, api_key, path, body, timeout):
+            yield chunk
+    except httpx.HTTPError as exc:
+        raise BusyError(
+            f"the engine at {base_url} did not answer ({type(exc).__name__}: {exc}); serve_status shows its state"
+        ) from None
+
+
+async def _stream(
+    base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
+) -> AsyncIterator[dict[str, Any]]:
     async with (
         httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), verify=verify(base_url)) as client,
         client.stream(

@@ -1,7 +1,7 @@
 """Engines gpubox runs (vLLM) or attaches (any OpenAI-compatible server): start, watch, stop, find again.
 
 An engine is a detached process group (it keeps serving if gpubox restarts); its record lives in
-`<state_dir>/serve/engines.json` and its memory in the box ledger under the engine's pid, so the reservation ends
+`<state_dir>/serve/engines/<id>.json` and its memory in the box ledger under the engine's pid, so the reservation ends
 with the process. Start returns at once: building the HF copy of a GGUF model and the engine's own start-up
 (weights, warm-up: minutes on a CPU) run in a watcher thread that marks the engine ready or failed.
 """
@@ -9,7 +9,6 @@ with the process. Start returns at once: building the HF copy of a GGUF model an
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -68,49 +67,57 @@ class EngineManager:
     def __init__(self, settings: Settings, ledger: Ledger) -> None:
         self.settings = settings
         self.ledger = ledger
-        self.root = settings.state_dir / "serve"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.path = self.root / "engines.json"
+        # one file per engine, readable by this user only (it holds the engine's API key); every gpubox server on
+        # the box reads the folder, so an engine one server started is found, routed and stopped by the others
+        self.root = settings.state_dir / "serve" / "engines"
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
-        self._records: dict[str, EngineRecord] = self._load()
-        for rec in list(self._records.values()):  # a restart finds running engines again, watches starting ones
+        for rec in self._load().values():  # a restart finds running engines again, watches starting ones
             if rec.state == "starting" and pid_alive(rec.pid, rec.pid_started):
                 threading.Thread(target=self._await_ready, args=(rec.id,), daemon=True).start()
-            elif rec.state == "preparing" or (rec.state == "starting" and rec.pid is None):
-                self.ledger.release(owner(rec.id))  # its launcher thread died with the previous server
-                self._records[rec.id] = rec.model_copy(
-                    update={
-                        "state": "failed",
-                        "error": "gpubox restarted before the engine was launched; start it again",
-                    }
-                )
+            elif rec.state == "preparing" and not pid_alive(rec.launcher_pid, None):
+                self.ledger.release(owner(rec.id))  # its launcher died with the previous server
+                why = "gpubox restarted before the engine was launched; start it again"
+                self._set(rec.id, state="failed", error=why)
 
     # --- records --------------------------------------------------------------------------------
-    def _load(self) -> dict[str, EngineRecord]:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            return {r["id"]: EngineRecord.model_validate(r) for r in raw}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("engine records %s unreadable (%s); starting with none", self.path, exc)
-            return {}
+    def _file(self, engine_id: str) -> Path:
+        return self.root / f"{engine_id}.json"
 
-    def _save(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
-        tmp.write_text(json.dumps([r.model_dump(mode="json") for r in self._records.values()], indent=1), "utf-8")
-        os.replace(tmp, self.path)
+    def _read(self, path: Path) -> EngineRecord | None:
+        try:
+            return EngineRecord.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            log.warning("engine record %s unreadable (%s); skipped", path, exc)
+            return None
+
+    def _load(self) -> dict[str, EngineRecord]:
+        found = (self._read(p) for p in sorted(self.root.glob("*.json")))
+        return {r.id: r for r in found if r is not None}
+
+    def _write(self, rec: EngineRecord) -> None:
+        tmp = self.root / f".{rec.id}.{os.getpid()}.{threading.get_ident()}.tmp"  # unique per writer
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(rec.model_dump_json(indent=1))
+        os.replace(tmp, self._file(rec.id))
 
     def _set(self, engine_id: str, **changes: object) -> EngineRecord:
         with self._lock:
-            rec = self._records[engine_id].model_copy(update=changes)
-            self._records[engine_id] = rec
-            self._save()
-            return rec
+            return self._set_locked(engine_id, **changes)
+
+    def _set_locked(self, engine_id: str, **changes: object) -> EngineRecord:
+        current = self._read(self._file(engine_id))
+        if current is None:
+            raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
+        rec = current.model_copy(update=changes)
+        self._write(rec)
+        return rec
 
     def record(self, engine_id: str) -> EngineRecord:
-        with self._lock:
-            rec = self._records.get(engine_id)
+        if not engine_id.isalnum():
+            raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
+        rec = self._read(self._file(engine_id)) if self._file(engine_id).is_file() else None
         if rec is None:
             raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
         return self._reconcile(rec)
@@ -130,9 +137,7 @@ class EngineManager:
         return rec
 
     def records(self) -> list[EngineRecord]:
-        with self._lock:
-            recs = list(self._records.values())
-        return [self._reconcile(r) for r in recs]
+        return [self._reconcile(r) for r in self._load().values()]
 
     def serving(self, model: str) -> EngineRecord | None:
         """The live engine serving `model` (its served name), if any: where infer_* requests for it go."""
@@ -182,41 +187,49 @@ class EngineManager:
             state="preparing" if prepare else "starting",
             plan=plan,
             log_path=str(self.root / f"{engine_id}.log"),
+            launcher_pid=os.getpid(),
         )
         with self._lock:
-            self._records[engine_id] = rec
-            self._save()
+            self._write(rec)
         threading.Thread(target=self._launch, args=(engine_id, prepare, key), daemon=True).start()
         return rec
 
     def _launch(self, engine_id: str, prepare: Callable[[], None] | None, key: str) -> None:
-        rec = self.record(engine_id)
         try:
             if prepare is not None:
                 prepare()
-                rec = self._set(engine_id, state="starting")
-            assert rec.plan is not None and rec.log_path is not None
-            env = {**os.environ, **rec.plan.env, "VLLM_API_KEY": key, "HF_HUB_OFFLINE": "1"}
-            env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1")
-            with open(rec.log_path, "ab") as logf:
-                proc = subprocess.Popen(
-                    rec.plan.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.root,
-                    env=env,
-                    start_new_session=True,  # its own group: survives gpubox, serve_stop signals all of it
-                )
+            # checked and spawned under the lock serve_stop marks 'stopped' under: a stop either comes first
+            # (nothing is spawned) or finds the pid and kills it
+            with self._lock:
+                rec = self._set_locked(engine_id)
+                if rec.state not in ("preparing", "starting"):
+                    self.ledger.release(owner(engine_id))
+                    return
+                proc = self._spawn(rec, key)
+                rec = self._set_locked(engine_id, state="starting", pid=proc.pid, pid_started=start_time(proc.pid))
         except Exception as exc:  # preparing or spawning failed: say why, hold nothing
             log.exception("starting engine %s", engine_id)
             self.ledger.release(owner(engine_id))
             self._set(engine_id, state="failed", error=f"could not start: {type(exc).__name__}: {exc}")
             return
-        self._set(engine_id, pid=proc.pid, pid_started=start_time(proc.pid))
         self.ledger.update(owner(engine_id), pid=proc.pid)  # the engine holds the memory from now on
         threading.Thread(target=proc.wait, name=f"engine-reaper-{engine_id}", daemon=True).start()
         self._await_ready(engine_id)
+
+    def _spawn(self, rec: EngineRecord, key: str) -> subprocess.Popen[bytes]:
+        assert rec.plan is not None and rec.log_path is not None
+        env = {**os.environ, **rec.plan.env, "VLLM_API_KEY": key, "HF_HUB_OFFLINE": "1"}
+        env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1")
+        with open(rec.log_path, "ab") as logf:
+            return subprocess.Popen(
+                rec.plan.command,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                env=env,
+                start_new_session=True,  # its own group: survives gpubox, serve_stop signals all of it
+            )
 
     def _await_ready(self, engine_id: str) -> None:
         deadline = time.monotonic() + self.settings.serve_start_timeout_s
@@ -252,8 +265,7 @@ class EngineManager:
             state="attached",
         )
         with self._lock:
-            self._records[rec.id] = rec
-            self._save()
+            self._write(rec)
         return rec
 
     def stop(self, engine_id: str, grace_s: float = 30.0) -> EngineRecord:
@@ -261,9 +273,10 @@ class EngineManager:
         rec = self.record(engine_id)
         if rec.engine == "openai":
             with self._lock:
-                self._records.pop(engine_id, None)
-                self._save()
+                self._file(engine_id).unlink(missing_ok=True)
             return rec.model_copy(update={"state": "stopped"})
+        with self._lock:  # the launcher spawns under this lock only while the state is preparing/starting
+            rec = self._set_locked(engine_id, state="stopped")
         if rec.pid is not None and pid_alive(rec.pid, rec.pid_started):
             _signal_group(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
@@ -271,7 +284,7 @@ class EngineManager:
                 time.sleep(0.2)
             _signal_group(rec.pid, signal.SIGKILL)
         self.ledger.release(owner(engine_id))
-        return self._set(engine_id, state="stopped")
+        return rec
 
     def status(self, engine_id: str, include_log: bool = False) -> EngineStatus:
         rec = self.record(engine_id)

@@ -139,13 +139,18 @@ def _gpu_plan(
     pp = o.pipeline_parallel_size or nodes
     per_node = len(gpus)
     tp = o.tensor_parallel_size or _smallest_tp(shape, weights_gb / pp, ctx * kv_token / GB / pp, gpus)
-    if tp > per_node:
-        raise InvalidInputError(f"tensor_parallel_size {tp} is more than the {per_node} GPUs visible here")
+    local = tp * max(1, pp // nodes)  # GPUs this node runs: its tensor-parallel group per local pipeline stage
+    if local > per_node:
+        raise InvalidInputError(
+            f"tensor_parallel_size {tp} x pipeline stages per node {pp // nodes or 1} needs {local} GPUs; "
+            f"{per_node} are visible here"
+        )
     if shape.heads % tp:
         raise InvalidInputError(f"tensor_parallel_size {tp} does not divide the model's {shape.heads} attention heads")
-    used = gpus[:tp]
+    used = gpus[:local]
     share = min(g.free_gb / g.total_gb for g in used)
-    util = o.gpu_memory_utilization or round(min(0.95, share), 3)
+    # rounded down: rounding up would ask for more than the ledger has free and be refused by it
+    util = o.gpu_memory_utilization or math.floor(min(0.95, share) * 1000) / 1000
     need = weights_gb / (tp * pp) + GPU_RUNTIME_GB + ctx * kv_token / GB / (tp * pp)
     if util * min(g.total_gb for g in used) < need:
         raise CapacityError(
@@ -168,7 +173,8 @@ def _gpu_plan(
         nodes=nodes,
         gpu_memory_utilization=util,
         enforce_eager=bool(o.enforce_eager),
-        memory_gb={f"cuda:{i}": round(util * g.total_gb, 3) for i, g in enumerate(used)} | {"host": CPU_RUNTIME_GB},
+        memory_gb={f"cuda:{i}": min(util * g.total_gb, g.free_gb) for i, g in enumerate(used)}
+        | {"host": CPU_RUNTIME_GB},
         command=[],
         env={},
         reasons=reasons,

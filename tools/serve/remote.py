@@ -114,10 +114,18 @@ async def benchmark(
     limiter = anyio.CapacityLimiter(concurrency)
     t0 = time.perf_counter()
 
+    failures: list[Exception] = []
+
     async def one(i: int) -> None:
         async with limiter:
+            if failures:  # one refusal is enough: do not send the rest
+                return
             start = time.perf_counter()
-            res = await generate(rec, None, f"{i}. {words}", params, None)
+            try:
+                res = await generate(rec, None, f"{i}. {words}", params, None)
+            except Exception as exc:  # raised below, outside the task group, so the client reads it unwrapped
+                failures.append(exc)
+                return
             latencies.append(time.perf_counter() - start)
             results.append(res)
             if report is not None:
@@ -126,6 +134,8 @@ async def benchmark(
     async with anyio.create_task_group() as tg:
         for i in range(requests):
             tg.start_soon(one, i)
+    if failures:
+        raise failures[0]
     wall = time.perf_counter() - t0
     ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
     decode = [x.decode_tokens_per_s for x in results if x.decode_tokens_per_s]

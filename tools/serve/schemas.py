@@ -43,6 +43,7 @@ class EngineRecord(BaseModel):
     error: str | None = None
     plan: ServePlan | None = None
     log_path: str | None = None
+    launcher_pid: int | None = Field(default=None, description="The gpubox server preparing and launching it")
 
 
 class EngineMetrics(BaseModel):

@@ -4,6 +4,7 @@ engine's interpreter, the plan, and the engine manager underneath."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -98,8 +99,10 @@ class ServeService:
         python = self.engine_python()
         base, plan, args = self.plan(model, o)
         served = name or base.name
-        if not served.replace("-", "").replace("_", "").replace(".", "").isalnum():
-            raise InvalidInputError(f"served name '{served}' may hold only letters, digits, '-', '_' and '.'")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", served):
+            raise InvalidInputError(
+                f"served name '{served}' must start with a letter or digit and hold only letters, digits, '-', '_', '.'"
+            )
         prepare: Callable[[], None] | None = None
         if not base.hf_ready:
 
