@@ -69,10 +69,10 @@ async def main() -> None:
     params = StdioServerParameters(command=sys.argv[1], args=sys.argv[2:], env=env)
     async with Client(params) as client:
         result = await client.call_tool("estimate_gpus", {"name_contains": "H100"})
-        gpus = (result.structured_content or {}).get("gpus", [])
-        if result.is_error or not gpus:
+        rows = ((result.structured_content or {}).get("table") or {}).get("rows", [])  # the compact default
+        if result.is_error or not rows:
             sys.exit(f"estimate_gpus over stdio failed: {result}")
-        print(f"stdio estimate_gpus: {len(gpus)} GPUs, first {gpus[0].get('id')}")
+        print(f"stdio estimate_gpus: {len(rows)} GPUs, first {rows[0][0]}")
 
 
 anyio.run(main)

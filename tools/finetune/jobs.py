@@ -95,6 +95,13 @@ class JobStore:
         with self._conn() as c:
             c.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
+    def transition(self, job_id: str, old: str, new: str, **fields: Any) -> bool:
+        """Move the job from state `old` to `new` only if it is still in `old`: one of two racers wins."""
+        cols = ", ".join(f"{k} = ?" for k in ("state", *fields))
+        with self._conn() as c:
+            cur = c.execute(f"UPDATE jobs SET {cols} WHERE id = ? AND state = ?", (new, *fields.values(), job_id, old))
+            return cur.rowcount == 1
+
     def claim(self, job_id: str, flag: str) -> bool:
         """Set a 0/1 flag column once; True only for the caller that set it (two status calls never both win)."""
         if flag not in ("calibrated", "probe_calibrated"):
@@ -119,9 +126,11 @@ class JobStore:
         row = self.get(job_id)
         if row is None or row["state"] not in ACTIVE or alive(row["pid"], row["pid_started"]):
             return row
+        if row["pid"] is None:  # between its creation and its spawn: being started, not dead
+            return row
         time.sleep(0.2)  # the worker may be committing its final state right now
         row = self.get(job_id)
-        if row is None or row["state"] not in ACTIVE:
+        if row is None or row["state"] not in ACTIVE or alive(row["pid"], row["pid_started"]):
             return row
         # a multi-rank job's lead records what it saw and leaves the state to this point, when the launcher has
         # exited and logged which rank failed first

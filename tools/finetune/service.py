@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import signal
 import subprocess
 import threading
@@ -27,12 +26,16 @@ from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
 from gpubox.tools.finetune.jobs import JobStore, alive, exited, gone, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
+from gpubox.tools.finetune.snapshot import snapshot
 from gpubox.tools.finetune.status import next_step, read_status
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
 
 log = logging.getLogger("gpubox.finetune")
 CANCEL_MARK = "cancel-requested"
+
+
+_DONE = ("completed", "failed", "cancelled")
 
 
 class Finetuner:
@@ -59,6 +62,7 @@ class Finetuner:
         self.loaded = loaded or dict
         self._settled: dict[str, threading.Event] = {}  # jobs whose worker this process watches
         self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
+        self._slot = threading.Lock()  # checking "no job runs" and starting one happen as one step
         # a restart re-queues what was waiting (their waiter threads died with it), oldest first
         for row in sorted(self.store.all(), key=lambda r: r["created"]):
             if row["state"] == "queued":
@@ -153,6 +157,10 @@ class Finetuner:
         """Start the planned job now (its memory reserved in the box ledger), or with `queue` put it in line for
         memory and for the one training slot; either way the job's files are written before this returns."""
         plan = self.load_plan(plan_id)
+        with self._slot:  # two launches at once: the second sees the first as running
+            return self._launch(plan, plan_id, inject_oom, queue)
+
+    def _launch(self, plan: FinetunePlan, plan_id: str, inject_oom: int, queue: bool) -> JobStatus:
         running = self.store.active()
         if running and not queue:
             r = running[0]
@@ -185,12 +193,11 @@ class Finetuner:
         self.queue.enqueue(job_id, admission.needs_of(plan), ready)
 
     def _start_queued(self, job_id: str) -> None:
-        row = self.store.get(job_id)
-        if row is None or row["state"] != "queued":  # cancelled meanwhile
-            self.ledger.release(admission.owner(job_id))
-            return
-        self.store.update(job_id, state="starting")
-        self._spawn(job_id)
+        with self._slot:
+            if not self.store.transition(job_id, "queued", "starting"):  # cancelled meanwhile
+                self.ledger.release(admission.owner(job_id))
+                return
+            self._spawn(job_id)
 
     def _fail_queued(self, job_id: str, why: str) -> None:
         self.store.finish(job_id, "failed", error=why)
@@ -199,6 +206,11 @@ class Finetuner:
         req = plan.request
         name = req.output_name or f"ft-{job_id}"
         adapter_dir = self.adapters_dir / name
+        unfinished = [r["id"] for r in self.store.all() if r["adapter_name"] == name and r["state"] not in _DONE]
+        if unfinished:
+            raise InvalidInputError(
+                f"job {unfinished[0]} will write an adapter named '{name}'; pick another output_name"
+            )
         if adapter_dir.exists():
             raise InvalidInputError(
                 f"an adapter named '{name}' already exists at {adapter_dir}; pick another output_name"
@@ -207,32 +219,8 @@ class Finetuner:
         # the dataset is snapshotted, so the job trains on what was checked
         if plan.base.format == "hf":
             check_model_folder(Path(plan.base.hf_path), [*self.roots, self.settings.state_dir / "models"])
-        roots = self.settings.allowed_roots
-        _fmt, rows = planner.data.load(Path(plan.dataset.path), roots)
-        random.Random(req.seed).shuffle(rows)
-        n_eval = plan.dataset.eval_rows
         job_dir = self.store.job_dir(job_id)
-        job_dir.mkdir(parents=True)
-        _write_jsonl(job_dir / "train.jsonl", rows[n_eval:])
-        if n_eval:
-            _write_jsonl(job_dir / "eval.jsonl", rows[:n_eval])
-        config = {
-            "job_id": job_id,
-            "store_root": str(self.root),
-            "plan_id": plan_id,
-            "request": req.model_dump(mode="json"),
-            "base": plan.base.model_dump(mode="json"),
-            "per_device_train_batch_size": plan.per_device_train_batch_size,
-            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-            "gradient_checkpointing": plan.gradient_checkpointing,
-            "total_steps": plan.total_steps,
-            "num_processes": req.num_processes,
-            "device": plan.device,
-            "adapter_dir": str(adapter_dir),
-            "inject_oom": inject_oom,
-            "resume": False,
-        }
-        (job_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        snapshot(job_dir, plan, plan_id, inject_oom, adapter_dir, self.root, self.settings.allowed_roots)
         self.store.create(job_id, name, plan.base.name, req.method, state)
 
     def _spawn(self, job_id: str) -> None:
@@ -357,18 +345,23 @@ class Finetuner:
     def cancel(self, job_id: str, wait_s: float = 60.0) -> JobStatus:
         """SIGTERM the job's process group; the worker checkpoints at the end of the current step and exits."""
         row = self.row(job_id)
-        if row["state"] == "queued":
+        if row["state"] == "queued" and self.store.transition(
+            job_id, "queued", "cancelled", error="cancelled while waiting for memory", finished=time.time()
+        ):
             self.queue.cancel(job_id)
-            self.store.finish(job_id, "cancelled", error="cancelled while waiting for memory")
             return self.status(job_id)
+        row = self.row(job_id)  # it may have left the queue meanwhile: cancel it as a running job
         if row["state"] not in ACTIVE:
             raise InvalidInputError(f"job {job_id} is {row['state']}, not running; nothing to cancel")
+        pid: int | None = row["pid"]
+        if pid is None:
+            raise BusyError(f"job {job_id} is being started; cancel it again in a few seconds")
         # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed
         (self.store.job_dir(job_id) / CANCEL_MARK).touch()
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(row["pid"], signal.SIGTERM)
+            os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and alive(row["pid"], row["pid_started"]):
+        while time.monotonic() < deadline and alive(pid, row["pid_started"]):
             time.sleep(0.5)
         return self.status(job_id)
 
@@ -376,6 +369,10 @@ class Finetuner:
         row = self.row(job_id)
         if row["state"] not in ("cancelled", "failed"):
             raise InvalidInputError(f"job {job_id} is {row['state']}; only cancelled or failed jobs resume")
+        with self._slot:
+            return self._resume(job_id)
+
+    def _resume(self, job_id: str) -> JobStatus:
         running = self.store.active()
         if running:
             raise BusyError(f"job {running[0]['id']} is running; resume {job_id} after it finishes or is cancelled")
@@ -401,12 +398,6 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 def _append_event(job_dir: Path, event: str) -> None:

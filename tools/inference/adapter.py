@@ -47,8 +47,7 @@ async def served(state: AppState, model: str | None) -> EngineRecord | None:
     """The engine serving `model`, when one does: its requests go there, never also in-process."""
     if model is None:
         return None
-    svc = services.serve(state)
-    return await anyio.to_thread.run_sync(svc.engines.serving, model)
+    return await anyio.to_thread.run_sync(lambda: services.serve(state).engines.serving(model))
 
 
 def register(mcp: MCPServer[Any]) -> None:
@@ -153,7 +152,7 @@ def register(mcp: MCPServer[Any]) -> None:
         state = app_state(ctx)
         engine = await served(state, model)
         if engine is not None:
-            held = services.ledger(state).holding(f"engine {engine.id}")
+            held = await anyio.to_thread.run_sync(services.ledger(state).holding, f"engine {engine.id}")
             memory = sum(held.devices.values()) if held else 0.0
             return await remote.benchmark(
                 engine, requests, concurrency, prompt_tokens, max_tokens, memory, ctx.report_progress

@@ -133,13 +133,10 @@ class SearchService:
             raise InvalidInputError(
                 f"index '{name}' already covers {existing}; pass another name or search_drop it first"
             )
-        with self._lock:
+        owner, needs = f"indexing {name}", self._indexing_needs()
+        with self._lock:  # one check-and-reserve: a second start of the same index is told it is running
             ensure_not_running(self._jobs.get(name), name)
-        owner = f"indexing {name}"
-        self.ledger.reserve(
-            owner, "indexing", self._indexing_needs(), f"waiting for indexing '{name}' to finish (search_list)"
-        )
-        with self._lock:
+            self.ledger.reserve(owner, "indexing", needs, f"waiting for indexing '{name}' to finish (search_list)")
             progress = Progress()
             self._jobs[name] = progress
         options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
