@@ -235,3 +235,27 @@ def test_two_gpubox_servers_on_one_box_share_the_ledger(tmp_path: Path) -> None:
         child.communicate()  # reaps it and closes its pipes
     assert led.check({"host": 1.5}).fits  # the other server is gone, and its in-process holding with it
     assert [h.owner for h in led.state().holdings] == ["model small"]
+
+
+def test_a_waiter_held_back_by_its_own_condition_does_not_hold_up_the_line(tmp_path: Path) -> None:
+    led = ledger(tmp_path, memory_budget_gb=2.0)
+    device_busy = threading.Event()  # the benchmark's own condition: nothing else generating
+    got: list[str] = []
+    never = threading.Event()
+
+    def bench() -> None:
+        led.wait_reserve("benchmark", "benchmark", {"host": 0.5}, "wait", never, ready=device_busy.is_set)
+        got.append("benchmark")
+
+    first = threading.Thread(target=bench)
+    first.start()
+    until(lambda: led.position("benchmark") == 1)
+    job = threading.Thread(
+        target=lambda: got.append(led.wait_reserve("job", "finetune", {"host": 1.0}, "cancel", never).owner)
+    )
+    job.start()
+    job.join(timeout=10)
+    assert got == ["job"]  # memory was free: the job started though the benchmark is ahead of it in line
+    device_busy.set()
+    first.join(timeout=10)
+    assert got == ["job", "benchmark"]

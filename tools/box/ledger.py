@@ -9,8 +9,9 @@ Rules (one ledger per server process; its state file makes it survive a restart)
   yet allocated and memory allocated beyond the estimate both count).
 - Each holding names a process; when that process ends (a fine-tune worker exits, the server restarts) the
   holding is released, so a crash never leaks a reservation.
-- `wait_reserve` queues: first in line first (a later, smaller request never overtakes it), woken by every
-  release; direct `reserve` calls are answered at once and do not queue.
+- `wait_reserve` queues: first in line first among the waiters whose own condition holds (a later, smaller
+  request never overtakes it), woken by every release; direct `reserve` calls are answered at once and do not
+  queue.
 The lock is held only for bookkeeping; device readings are taken outside it.
 """
 
@@ -41,6 +42,7 @@ class Ledger:
         self.read = read
         self._cond = threading.Condition()
         self._queue: list[str] = []
+        self._ready: dict[str, bool] = {}  # each waiter's own condition at its last look (see wait_reserve)
         self._holdings: dict[str, Holding] = {}  # this server's
         self._others: dict[str, Holding] = {}  # other gpubox servers' on this box, as their last write says
         self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
@@ -323,7 +325,11 @@ class Ledger:
                 ok = ready is None or ready()  # outside the lock: it may read a database
                 with self._cond:
                     self._never_fits(owner, needs, readings)
-                    if self._queue[0] == owner and ok:
+                    self._ready[owner] = ok
+                    # first in line among the waiters whose own condition holds: a benchmark waiting for a model
+                    # to stop generating does not hold up a fine-tune job that only waits for memory
+                    first = next((o for o in self._queue if self._ready.get(o)), None)
+                    if first == owner:
                         try:
                             h = self._try_reserve(owner, kind, needs, frees_with, False, pid, "estimator", readings)
                         except CapacityError:
@@ -338,6 +344,7 @@ class Ledger:
             with self._cond:
                 if owner in self._queue:
                     self._queue.remove(owner)
+                self._ready.pop(owner, None)
                 self._cond.notify_all()
 
     def _never_fits(self, owner: str, needs: dict[str, float], readings: dict[str, Reading]) -> None:

@@ -103,7 +103,7 @@ class LlamaBackend:
     def _load(
         path: Path, n_ctx: int, n_gpu_layers: int, kv_cache_type: str, n_threads: int | None, lora_path: Path | None
     ) -> Any:
-        from llama_cpp import Llama
+        from llama_cpp import LLAMA_SPLIT_MODE_NONE, Llama
 
         kv = KV_TYPES[kv_cache_type]
         return Llama(
@@ -115,6 +115,10 @@ class LlamaBackend:
             type_k=kv,
             type_v=kv,
             flash_attn=kv_cache_type != "f16",  # llama.cpp needs flash attention for a quantised V cache
+            # one GPU, the first visible: the load plan is fitted to its free memory and the box ledger reserves
+            # it there (llama.cpp's default would spread layers over every visible GPU, unreserved)
+            split_mode=LLAMA_SPLIT_MODE_NONE,
+            main_gpu=0,
             lora_path=str(lora_path) if lora_path else None,
             verbose=False,
         )
