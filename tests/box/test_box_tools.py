@@ -196,3 +196,25 @@ async def test_two_clients_racing_for_the_last_memory_one_wins_the_other_is_refu
     winner = "a" if outcomes["a"] == "loaded" else "b"
     assert held == [f"model {winner}"]  # never both: the budget holds one
     assert "(pinned)" in next(v for k, v in outcomes.items() if k.endswith("why"))
+
+
+@requires_models
+async def test_box_plan_says_whether_a_served_engine_would_fit_before_anything_starts(tmp_path: Path) -> None:
+    budget = 3.0  # below what a vLLM engine on the CPU takes (runtime, KV space and weights: about 3.3 GB)
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path], memory_budget_gb=budget))
+    try:
+        async with Client(mcp) as c:
+            plan = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=1024)
+    finally:
+        state_of(mcp).close()
+    assert plan["action"] == "serve_start smollm2-135m-instruct"
+    assert plan["admission"]["fits"] is False and plan["box"]["holdings"] == []
+    assert "serving needs about" in plan["admission"]["reason"] and "GB of host RAM" in plan["admission"]["reason"]
+    roomy = build_server(Settings.load(state_dir=tmp_path / "r", allowed_roots=[tmp_path]))
+    try:
+        async with Client(roomy) as c:
+            ok = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=1024)
+    finally:
+        state_of(roomy).close()
+    assert ok["admission"]["fits"] and ok["plan"]["max_model_len"] == 1024 and ok["plan"]["device"] == "cpu"
+    assert ok["admission"]["needs"]["host"] == ok["plan"]["memory_gb"]["host"]

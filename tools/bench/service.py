@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,6 +11,7 @@ import anyio
 
 from gpubox.errors import BusyError, GpuboxError, InvalidInputError, MissingExtraError, NotFoundError
 from gpubox.extras import is_available
+from gpubox.progress import Progress
 from gpubox.settings import Settings
 from gpubox.tools.bench import footprint, plots
 from gpubox.tools.bench.runs import RunStore, uri
@@ -30,7 +31,6 @@ from gpubox.tools.bench.worker import WorkerOutcome, run_worker
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 
-Progress = Callable[[float, float | None, str], Awaitable[None]]
 CPU_BASELINE = "sdpa_math"
 GPU_BASELINE = "sdpa_efficient"
 

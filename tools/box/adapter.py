@@ -9,10 +9,10 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
 from gpubox import services
-from gpubox.errors import InvalidInputError
+from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.registry import READ_ONLY, app_state, gpubox_tool
 from gpubox.state import AppState
-from gpubox.tools.box.schemas import BoxPlan
+from gpubox.tools.box.schemas import Admission, BoxPlan
 
 
 def plan_action(
@@ -21,11 +21,12 @@ def plan_action(
     context_length: int | None,
     finetune_plan_id: str | None,
     benchmark: Literal["attention", "device"] | None,
+    serve: str | None = None,
 ) -> BoxPlan:
-    asked = [a for a in (load, finetune_plan_id, benchmark) if a is not None]
+    asked = [a for a in (load, finetune_plan_id, benchmark, serve) if a is not None]
     if len(asked) > 1:
         raise InvalidInputError(
-            "box_plan checks one action at a time: pass only one of load, finetune_plan_id, benchmark"
+            "box_plan checks one action at a time: pass only one of load, finetune_plan_id, benchmark, serve"
         )
     ledger = services.ledger(state)
     if load is not None:
@@ -49,6 +50,16 @@ def plan_action(
             "num_processes": plan.request.num_processes,
         }
         return BoxPlan(box=ledger.state(), action=f"finetune_launch {finetune_plan_id}", admission=adm, plan=summary)
+    if serve is not None:
+        from gpubox.tools.serve.plan import Overrides
+
+        try:
+            _base, sp, _args = services.serve(state).plan(serve, Overrides(max_model_len=context_length))
+        except CapacityError as exc:  # the planner found no flags that fit: that is the answer
+            adm = Admission(fits=False, needs={}, reason=str(exc))
+            return BoxPlan(box=ledger.state(), action=f"serve_start {serve}", admission=adm)
+        adm = ledger.check(sp.memory_gb)
+        return BoxPlan(box=ledger.state(), action=f"serve_start {serve}", admission=adm, plan=sp.model_dump())
     if benchmark is not None:
         params = {"batch": 1, "causal": False, "backward": False, "device": "auto"}
         adm = ledger.check(services.bench(state).needs(benchmark, params))
@@ -61,18 +72,19 @@ def register(mcp: MCPServer[Any]) -> None:
     async def box_plan(
         ctx: Context,
         load: Annotated[str | None, Field(max_length=256, description="Model name: would infer_load fit now?")] = None,
-        context_length: Annotated[int | None, Field(ge=128, le=1_048_576, description="With load")] = None,
+        context_length: Annotated[int | None, Field(ge=128, le=1_048_576, description="With load or serve")] = None,
         finetune_plan_id: Annotated[
             str | None, Field(max_length=64, description="plan_id: would finetune_launch fit now?")
         ] = None,
         benchmark: Annotated[
             Literal["attention", "device"] | None, Field(description="Would this benchmark (defaults) fit now?")
         ] = None,
+        serve: Annotated[str | None, Field(max_length=4096, description="Model: would serve_start fit now?")] = None,
     ) -> BoxPlan:
         """What fits in memory now: per device (host RAM, each GPU) the budget, memory reserved by gpubox's work
         and by whom, memory used outside gpubox, and what is free; work queued for memory. Given one proposed
         action, says whether it fits and, if not, which calls would free enough. Loads nothing."""
         state = app_state(ctx)
         return await anyio.to_thread.run_sync(
-            lambda: plan_action(state, load, context_length, finetune_plan_id, benchmark)
+            lambda: plan_action(state, load, context_length, finetune_plan_id, benchmark, serve)
         )

@@ -15,7 +15,7 @@ import json
 import shutil
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from gpubox.child import python_module, run_child
 from gpubox.errors import BusyError, CapacityError, InvalidInputError, NotFoundError
+from gpubox.progress import Progress
 from gpubox.settings import Settings
 from gpubox.tools.finetune.gguf_export import CONVERTER_HINT, OutType, check_exportable
 from gpubox.tools.finetune.service import Finetuner
@@ -35,7 +36,6 @@ ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 
 ST_HEADER_MAX = 100_000_000
 DISK_MARGIN = 1.05
 DISK_SLACK = 64 << 20
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
 class MergeResult(BaseModel):

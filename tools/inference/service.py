@@ -7,13 +7,14 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
 import psutil
 
 from gpubox.errors import InvalidInputError
+from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenOutput, GenParams
 from gpubox.tools.inference.grammar import check_schema
 from gpubox.tools.inference.manager import ModelManager, Resident
@@ -22,7 +23,6 @@ from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
 # what recording a benchmark as a calibration gave: (row id, decode efficiency), why it was refused, or nothing
 Recorded = tuple[int, float | None] | InvalidInputError | None
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 T = TypeVar("T")
 FILLER = "The quick brown fox jumps over the lazy dog while the GPU box answers questions about code. "
 

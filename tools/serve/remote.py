@@ -14,10 +14,11 @@ from typing import Any
 import anyio
 
 from gpubox.errors import InvalidInputError
+from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
-from gpubox.tools.inference.service import FILLER, Progress, pct
+from gpubox.tools.inference.service import FILLER, pct
 from gpubox.tools.serve import client
 from gpubox.tools.serve.schemas import EngineRecord
 
