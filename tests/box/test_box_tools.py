@@ -8,7 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +115,6 @@ def test_box_plan_takes_one_action_at_a_time(tmp_path: Path) -> None:
             state_of(mcp).close()
 
     assert "one action at a time" in anyio.run(go)
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 async def test_a_restarted_server_keeps_what_live_workers_hold(

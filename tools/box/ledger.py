@@ -253,28 +253,20 @@ class Ledger:
         """Reserve `needs` for `owner` now, or raise CapacityError saying who holds the memory."""
         readings = self._read()
         with self._cond:
-            return self._try_reserve(owner, kind, needs, frees_with, pinned, pid, source, readings)
+            return self._try_reserve(self._new_holding(owner, kind, needs, frees_with, pinned, pid, source), readings)
 
-    def _try_reserve(
-        self,
-        owner: str,
-        kind: Kind,
-        needs: dict[str, float],
-        frees_with: str,
-        pinned: bool,
-        pid: int | None,
-        source: str,
-        readings: dict[str, Reading],
-    ) -> Holding:
+    def _try_reserve(self, h: Holding, readings: dict[str, Reading]) -> Holding:
+        """Admit `h` and record it, or raise CapacityError (caller holds self._cond)."""
+        owner = h.owner
         with self._file_lock():  # held from reading the others' holdings to writing ours: no cross-server race
             self._sync()
             self._prune()
             if owner in self._holdings:
                 raise InvalidInputError(f"{owner} already holds a reservation; release it first")
-            adm = self._admission(needs, self._accounts(readings))
+            adm = self._admission(h.devices, self._accounts(readings))
             if not adm.fits:
                 raise CapacityError(f"{owner} {adm.reason}")
-            h = self._new_holding(owner, kind, needs, frees_with, pinned, pid, source)
+            h = h.model_copy(update={"started": datetime.now(UTC).isoformat(timespec="seconds")})
             self._holdings[owner] = h
             self._save_locked()
             return h
@@ -317,6 +309,7 @@ class Ledger:
     ) -> Holding:
         """Queue for `needs` and return once reserved (first in line first). Raises CapacityError at once when
         the work can never fit (above the whole budget), or when `cancel` is set while waiting."""
+        wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, "estimator")
         with self._cond:
             self._queue.append(owner)
         try:
@@ -331,7 +324,7 @@ class Ledger:
                     first = next((o for o in self._queue if self._ready.get(o)), None)
                     if first == owner:
                         try:
-                            h = self._try_reserve(owner, kind, needs, frees_with, False, pid, "estimator", readings)
+                            h = self._try_reserve(wanted, readings)
                         except CapacityError:
                             pass
                         else:

@@ -7,7 +7,7 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -163,30 +163,17 @@ async def benchmark(
 
     r, words = await shielded(prepare)
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
-    results: list[GenerationResult] = []
-    latencies: list[float] = []
-    limiter = anyio.CapacityLimiter(concurrency)
-    peak = psutil.Process().memory_info().rss
-    t0 = time.perf_counter()
+    peaks = [psutil.Process().memory_info().rss]
 
-    async def one(i: int) -> None:
-        nonlocal peak
-        async with limiter:
-            start = time.perf_counter()
-            res = await generate(mgr, r.name, None, f"{i}. {words}", params, None)
-            latencies.append(time.perf_counter() - start)
-            results.append(res)
-            peak = max(peak, psutil.Process().memory_info().rss)
-            if report is not None:
-                await report(float(len(results)), float(requests), f"request {len(results)}/{requests}")
+    def send(i: int) -> Awaitable[GenerationResult]:
+        return generate(mgr, r.name, None, f"{i}. {words}", params, None)
 
-    async with anyio.create_task_group() as tg:
-        for i in range(requests):
-            tg.start_soon(one, i)
-    wall = time.perf_counter() - t0
+    results, latencies, wall = await drive(
+        requests, concurrency, send, report, lambda: peaks.append(psutil.Process().memory_info().rss)
+    )
+    peak = max(peaks)
     prefill = statistics.mean([x.prefill_tokens_per_s for x in results if x.prefill_tokens_per_s] or [0.0])
     decode = statistics.mean([x.decode_tokens_per_s for x in results if x.decode_tokens_per_s] or [0.0])
-    ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
     share = None
 
     def finish() -> tuple[float, Recorded]:  # NVML and the calibration store: off the loop
@@ -210,18 +197,66 @@ async def benchmark(
         device=r.plan.device,
         requests=requests,
         concurrency=concurrency,
-        prompt_tokens=results[0].prompt_tokens if results else 0,
         max_tokens=max_tokens,
         prefill_tokens_per_s=round(prefill, 2),
         decode_tokens_per_s=round(decode, 2),
-        time_to_first_token_s_p50=round(statistics.median(ttft), 4) if ttft else 0.0,
-        latency_s_p50=round(pct(latencies, 0.5), 4),
-        latency_s_p95=round(pct(latencies, 0.95), 4),
-        latency_s_p99=round(pct(latencies, 0.99), 4),
-        requests_per_s=round(requests / wall, 3),
-        aggregate_tokens_per_s=round(sum(x.completion_tokens for x in results) / wall, 2),
+        **timing(results, latencies, wall),
         peak_memory_gb=round(peak_gb, 3),
         bandwidth_share=share,
         calibration_id=calib[0] if calib else None,
         calibration_note=refused,
     )
+
+
+async def drive(
+    requests: int,
+    concurrency: int,
+    send: Callable[[int], Awaitable[GenerationResult]],
+    report: Progress | None,
+    after: Callable[[], object] | None = None,
+) -> tuple[list[GenerationResult], list[float], float]:
+    """Send `requests` requests, `concurrency` in flight: (results, latency of each, wall seconds). The first
+    failure stops the rest and is raised as itself (outside the task group, so the client reads it unwrapped)."""
+    results: list[GenerationResult] = []
+    latencies: list[float] = []
+    failures: list[Exception] = []
+    limiter = anyio.CapacityLimiter(concurrency)
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        async with limiter:
+            if failures:
+                return
+            start = time.perf_counter()
+            try:
+                res = await send(i)
+            except Exception as exc:
+                failures.append(exc)
+                return
+            latencies.append(time.perf_counter() - start)
+            results.append(res)
+            if after is not None:
+                after()
+            if report is not None:
+                await report(float(len(results)), float(requests), f"request {len(results)}/{requests}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(requests):
+            tg.start_soon(one, i)
+    if failures:
+        raise failures[0]
+    return results, latencies, time.perf_counter() - t0
+
+
+def timing(results: list[GenerationResult], latencies: list[float], wall: float) -> dict[str, Any]:
+    """The BenchmarkResult fields every path measures the same way."""
+    ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
+    return {
+        "prompt_tokens": results[0].prompt_tokens if results else 0,
+        "time_to_first_token_s_p50": round(statistics.median(ttft), 4) if ttft else 0.0,
+        "latency_s_p50": round(pct(latencies, 0.5), 4),
+        "latency_s_p95": round(pct(latencies, 0.95), 4),
+        "latency_s_p99": round(pct(latencies, 0.99), 4),
+        "requests_per_s": round(len(results) / wall, 3),
+        "aggregate_tokens_per_s": round(sum(x.completion_tokens for x in results) / wall, 2),
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -18,7 +19,7 @@ from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
-from gpubox.tools.inference.service import FILLER, pct
+from gpubox.tools.inference.service import FILLER, drive, timing
 from gpubox.tools.serve import client
 from gpubox.tools.serve.schemas import EngineRecord
 
@@ -110,35 +111,11 @@ async def benchmark(
     """N requests, `concurrency` in flight, against the engine: what continuous batching gives many clients."""
     words = (FILLER * (prompt_tokens // 16 + 2))[: prompt_tokens * 4]  # about 4 characters a token
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
-    results: list[GenerationResult] = []
-    latencies: list[float] = []
-    limiter = anyio.CapacityLimiter(concurrency)
-    t0 = time.perf_counter()
 
-    failures: list[Exception] = []
+    def send(i: int) -> Awaitable[GenerationResult]:
+        return generate(rec, None, f"{i}. {words}", params, None)
 
-    async def one(i: int) -> None:
-        async with limiter:
-            if failures:  # one refusal is enough: do not send the rest
-                return
-            start = time.perf_counter()
-            try:
-                res = await generate(rec, None, f"{i}. {words}", params, None)
-            except Exception as exc:  # raised below, outside the task group, so the client reads it unwrapped
-                failures.append(exc)
-                return
-            latencies.append(time.perf_counter() - start)
-            results.append(res)
-            if report is not None:
-                await report(float(len(results)), float(requests), f"request {len(results)}/{requests}")
-
-    async with anyio.create_task_group() as tg:
-        for i in range(requests):
-            tg.start_soon(one, i)
-    if failures:
-        raise failures[0]
-    wall = time.perf_counter() - t0
-    ttft = [x.time_to_first_token_s for x in results if x.time_to_first_token_s is not None]
+    results, latencies, wall = await drive(requests, concurrency, send, report)
     decode = [x.decode_tokens_per_s for x in results if x.decode_tokens_per_s]
     return BenchmarkResult(
         model=rec.model,
@@ -146,16 +123,10 @@ async def benchmark(
         device=rec.plan.device if rec.plan else "remote",
         requests=requests,
         concurrency=concurrency,
-        prompt_tokens=results[0].prompt_tokens if results else 0,
         max_tokens=max_tokens,
         prefill_tokens_per_s=0.0,  # the engine does not report prefill time per request
         decode_tokens_per_s=round(statistics.mean(decode), 2) if decode else 0.0,
-        time_to_first_token_s_p50=round(statistics.median(ttft), 4) if ttft else 0.0,
-        latency_s_p50=round(pct(latencies, 0.5), 4),
-        latency_s_p95=round(pct(latencies, 0.95), 4),
-        latency_s_p99=round(pct(latencies, 0.99), 4),
-        requests_per_s=round(requests / wall, 3),
-        aggregate_tokens_per_s=round(sum(x.completion_tokens for x in results) / wall, 2),
+        **timing(results, latencies, wall),
         peak_memory_gb=round(memory_gb, 3),
         calibration_note="served by an engine: not stored as a llama.cpp calibration",
     )
