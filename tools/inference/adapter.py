@@ -25,7 +25,6 @@ from gpubox.tools.inference.schemas import (
     ServedModel,
     UnloadResult,
 )
-from gpubox.tools.serve import remote
 from gpubox.tools.serve.schemas import EngineRecord
 
 ModelName = Annotated[str | None, Field(description="Default: the loaded one, else the bundled SmolLM2")]
@@ -115,6 +114,8 @@ def register(mcp: MCPServer[Any]) -> None:
         msgs = [m.model_dump() for m in messages]
         engine = await served(app_state(ctx), model)
         if engine is not None:
+            from gpubox.tools.serve import remote  # httpx: loaded once an engine serves something
+
             return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model)
         return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
 
@@ -136,6 +137,8 @@ def register(mcp: MCPServer[Any]) -> None:
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         engine = await served(app_state(ctx), model)
         if engine is not None:
+            from gpubox.tools.serve import remote
+
             return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model)
         return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
 
@@ -154,6 +157,8 @@ def register(mcp: MCPServer[Any]) -> None:
         if engine is not None:
             held = await anyio.to_thread.run_sync(services.ledger(state).holding, f"engine {engine.id}")
             memory = sum(held.devices.values()) if held else 0.0
+            from gpubox.tools.serve import remote
+
             return await remote.benchmark(
                 engine, requests, concurrency, prompt_tokens, max_tokens, memory, ctx.report_progress
             )
