@@ -216,3 +216,21 @@ def test_the_rope_permutation_is_the_inverse_of_transformers_gguf_loader() -> No
         assert not np.array_equal(permuted, w)
         undone = LlamaTensorProcessor()._reverse_permute_weights(permuted, n_head, n_kv)
         np.testing.assert_array_equal(undone, w)
+
+
+async def test_a_merge_reserves_its_memory_and_is_refused_before_it_starts_when_it_cannot_fit(
+    merged: dict[str, Any],
+) -> None:
+    from gpubox.app import build_server
+    from gpubox.settings import Settings
+
+    settings = merged["settings"]
+    tight = build_server(Settings.load(**{**settings.model_dump(), "memory_budget_gb": 0.2}))
+    try:
+        async with Client(tight) as client:
+            text = await call_err(client, "finetune_merge", job=merged["final"]["job_id"], output_name="no-room")
+            held = (await call_ok(client, "box_plan"))["box"]["holdings"]
+    finally:
+        state_of(tight).close()
+    assert "merge no-room does not fit" in text and "0.20 GB budget" in text, text
+    assert held == [] and not (settings.state_dir / "models" / "no-room").exists()

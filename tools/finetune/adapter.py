@@ -22,7 +22,7 @@ from gpubox.confirm import Confirmation, ask, go_ahead, require
 from gpubox.errors import GpuboxError, InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
-from gpubox.tools.finetune.merge import Dtype, GgufOut, MergeResult
+from gpubox.tools.finetune.merge import BYTES, Dtype, GgufOut, MergeResult
 from gpubox.tools.finetune.plot import loss_png
 from gpubox.tools.finetune.schemas import (
     ACTIVE,
@@ -36,6 +36,7 @@ from gpubox.tools.finetune.service import Finetuner
 
 # Filled in by the plan from the dataset and the device present, not by the caller.
 PLAN_ONLY = {"dataset_samples", "dataset_tokens", "gpu", "tokens_per_s"}
+MERGE_RUNTIME_GB = 0.6  # torch, transformers and peft in the merge process
 JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$")]
 
 
@@ -187,4 +188,11 @@ def register(mcp: MCPServer[Any]) -> None:
         state = app_state(ctx)
         merger = services.merger(state)
         spec = await anyio.to_thread.run_sync(merger.prepare, finetuner(state), job, output_name, dtype, gguf)
-        return await merger.run(spec, time_limit_s, ctx.report_progress)
+        # the merge process holds the base and the merged weights at once, plus a torch runtime: reserved first
+        ledger, owner = services.ledger(state), f"merge {spec['name']}"
+        needs = {"host": 2 * spec["parameters"] * BYTES[spec["dtype"]] / 1e9 + MERGE_RUNTIME_GB}
+        await anyio.to_thread.run_sync(lambda: ledger.reserve(owner, "finetune", needs, "waiting for the merge to end"))
+        try:
+            return await merger.run(spec, time_limit_s, ctx.report_progress)
+        finally:
+            ledger.release(owner)
