@@ -189,6 +189,22 @@ def test_the_queue_refuses_at_once_what_could_never_fit_and_honours_cancel(tmp_p
     assert led.position("job") is None and led.holding("job") is None
 
 
+def test_a_queued_job_has_its_place_in_line_when_enqueue_returns(tmp_path: Path) -> None:
+    """finetune_launch(queue=true) reports queue_position from what enqueue left behind, before its waiter thread
+    has run (CI once saw None there)."""
+    from gpubox.tools.finetune.admission import JobQueue, owner
+
+    led = ledger(tmp_path, memory_budget_gb=2.0)
+    led.reserve("model a", "inference", {"host": 1.5}, "infer_unload name='a'")
+    started = threading.Event()
+    queue = JobQueue(led, start=lambda _job: started.set(), fail=lambda _job, why: None)
+    queue.enqueue("j1", {"host": 1.0}, ready=lambda: True)
+    assert queue.position("j1") == 1
+    led.release("model a")
+    assert started.wait(10)
+    assert queue.position("j1") is None and led.holding(owner("j1")) is not None
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [("host=8,cuda:0=70", {"host": 8.0, "cuda:0": 70.0}), ('{"cuda:1": 40}', {"cuda:1": 40.0})],

@@ -310,8 +310,7 @@ class Ledger:
         """Queue for `needs` and return once reserved (first in line first). Raises CapacityError at once when
         the work can never fit (above the whole budget), or when `cancel` is set while waiting."""
         wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, "estimator")
-        with self._cond:
-            self._queue.append(owner)
+        self.enter_queue(owner)
         try:
             while True:
                 readings = self._read()
@@ -351,6 +350,13 @@ class Ledger:
                     f"{owner} needs {gb:.2f} GB on {device}, more than its whole {budget:.2f} GB budget; waiting "
                     "cannot help: ask for less, or raise memory_budget_gb"
                 )
+
+    def enter_queue(self, owner: str) -> None:
+        """Take a place in line now, for a caller that reports the place before its waiter thread runs;
+        wait_reserve keeps it (and leaves it when it returns or raises)."""
+        with self._cond:
+            if owner not in self._queue:
+                self._queue.append(owner)
 
     def position(self, owner: str) -> int | None:
         """1-based place in the memory queue, None when not queued."""

@@ -64,6 +64,7 @@ class JobQueue:
         cancel = threading.Event()
         with self._lock:
             self._cancel[job_id] = cancel
+        self.ledger.enter_queue(owner(job_id))  # in line before launch returns its queue_position
         threading.Thread(
             target=self._wait, args=(job_id, needs, ready, cancel), name=f"finetune-queue-{job_id}", daemon=True
         ).start()
