@@ -4,6 +4,7 @@ and its worker's memory is released when the worker ends."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,16 @@ async def test_a_launch_that_does_not_fit_is_refused_or_queued_until_memory_free
 
             started = await wait_until(left_queue, timeout=300)
             assert started["state"] in ("starting", "running", "completed"), started
-            holders = {h["owner"]: h for h in (await call_ok(c, "box_plan"))["box"]["holdings"]}
+
+            async def worker_holds() -> bool:
+                # "starting" comes a moment before the worker is spawned; then the worker's pid holds the memory
+                # (not the server's), until it ends and releases it
+                holders = {h["owner"]: h for h in (await call_ok(c, "box_plan"))["box"]["holdings"]}
+                worker = holders.get(f"fine-tune job {job['job_id']}")
+                return worker is None or worker["pid"] != os.getpid()
+
+            await wait_until(worker_holds, timeout=60, interval=0.1)
             if started["state"] != "completed":
-                worker = holders[f"fine-tune job {job['job_id']}"]
-                assert worker["pid"] != __import__("os").getpid()  # the worker holds it, not the server
                 await call_ok(c, "finetune_cancel", job_id=job["job_id"])
 
             async def released() -> bool:

@@ -7,6 +7,7 @@ how a dead engine is reported. Skipped with the reason when no Python with vLLM 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -130,15 +131,16 @@ async def test_four_clients_at_once_are_batched(box: Any) -> None:
     mcp, _ = box
     spans: list[tuple[float, float]] = []
 
-    async def one(i: int) -> None:
-        async with Client(mcp) as c:
-            t0 = time.monotonic()
-            await call_ok(c, "infer_complete", model=MODEL, prompt=f"Count from {i}:", max_tokens=48, temperature=0)
-            spans.append((t0, time.monotonic()))
+    async def one(c: Client, i: int) -> None:
+        t0 = time.monotonic()
+        await call_ok(c, "infer_complete", model=MODEL, prompt=f"Count from {i}:", max_tokens=48, temperature=0)
+        spans.append((t0, time.monotonic()))
 
-    async with anyio.create_task_group() as tg:
-        for i in range(4):
-            tg.start_soon(one, i)
+    async with contextlib.AsyncExitStack() as stack:  # every client connected before any request is sent
+        clients = [await stack.enter_async_context(Client(mcp)) for _ in range(4)]
+        async with anyio.create_task_group() as tg:
+            for i, c in enumerate(clients):
+                tg.start_soon(one, c, i)
     # continuous batching: every request was in flight while every other was (in-process they would queue)
     assert max(s for s, _ in spans) < min(e for _, e in spans), spans
 

@@ -114,7 +114,7 @@ class BenchService:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(report)
                 try:
-                    # abandoned on cancel: the waiting thread sees `cancel` within a second and leaves the queue
+                    # abandoned on cancel: the waiting thread is woken out of the queue below and returns
                     await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
                 except GpuboxError as exc:  # raised outside the group, so the client reads it unwrapped
                     refused = exc
@@ -126,6 +126,7 @@ class BenchService:
                 await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except BaseException:
             cancel.set()
+            self.ledger.leave_queue(owner)
             self.ledger.release(owner)
             raise
 

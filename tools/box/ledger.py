@@ -313,14 +313,17 @@ class Ledger:
         self.enter_queue(owner)
         try:
             while True:
+                if cancel.is_set():
+                    raise CapacityError(f"{owner} left the memory queue (cancelled)")
                 readings = self._read()
                 ok = ready is None or ready()  # outside the lock: it may read a database
                 with self._cond:
                     self._never_fits(owner, needs, readings)
                     self._ready[owner] = ok
                     # first in line among the waiters whose own condition holds: a benchmark waiting for a model
-                    # to stop generating does not hold up a fine-tune job that only waits for memory
-                    first = next((o for o in self._queue if self._ready.get(o)), None)
+                    # to stop generating does not hold up a fine-tune job that only waits for memory; one not yet
+                    # checked keeps its place until its first check (which comes at once)
+                    first = next((o for o in self._queue if self._ready.get(o, True)), None)
                     if first == owner:
                         try:
                             h = self._try_reserve(wanted, readings)
@@ -357,6 +360,13 @@ class Ledger:
         with self._cond:
             if owner not in self._queue:
                 self._queue.append(owner)
+
+    def leave_queue(self, owner: str) -> None:
+        """Out of line now (a cancel): its waiter, woken here, sees its cancel event and returns."""
+        with self._cond:
+            if owner in self._queue:
+                self._queue.remove(owner)
+            self._cond.notify_all()
 
     def position(self, owner: str) -> int | None:
         """1-based place in the memory queue, None when not queued."""

@@ -93,6 +93,7 @@ class JobQueue:
         if ev is None:
             return False
         ev.set()
+        self.ledger.leave_queue(owner(job_id))  # box_plan stops listing it now, not at the waiter's next wake
         return True
 
     def position(self, job_id: str) -> int | None:

@@ -240,8 +240,10 @@ class Finetuner:
                 env=env,
                 start_new_session=True,  # its own process group: survives the server, cancel signals the group
             )
+        # the worker holds the memory from now on; updated before the row shows the pid, so a caller that sees
+        # the pid also sees the worker holding the memory
+        self.ledger.update(admission.owner(job_id), pid=proc.pid)
         self.store.set_process(job_id, proc.pid)
-        self.ledger.update(admission.owner(job_id), pid=proc.pid)  # the worker holds the memory from now on
         # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
         # that stops while the job trains on does not warn about a child still running
         self._watch(job_id, lambda timeout: exited(proc, timeout))
@@ -354,6 +356,11 @@ class Finetuner:
         if row["state"] not in ACTIVE:
             raise InvalidInputError(f"job {job_id} is {row['state']}, not running; nothing to cancel")
         pid: int | None = row["pid"]
+        deadline = time.monotonic() + 10.0
+        while pid is None and row["state"] in ACTIVE and time.monotonic() < deadline:  # between starting and spawn
+            time.sleep(0.1)
+            row = self.row(job_id)
+            pid = row["pid"]
         if pid is None:
             raise BusyError(f"job {job_id} is being started; cancel it again in a few seconds")
         # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed

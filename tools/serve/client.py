@@ -50,7 +50,7 @@ def root_of(base_url: str) -> str:
     return base_url[: -len("/v1")] if base_url.rstrip("/").endswith("/v1") else base_url.rstrip("/")
 
 
-def healthy(base_url: str, api_key: str | None, timeout: float = 2.0) -> bool:
+def healthy(base_url: str, api_key: str | None, timeout: float = 5.0) -> bool:
     try:
         r = _get(root_of(base_url) + "/health", api_key, timeout)
         if r.status_code == 404:  # servers without /health (Ollama): the model list answers instead
@@ -75,7 +75,7 @@ def models(base_url: str, api_key: str | None, timeout: float = 5.0) -> list[str
         raise InvalidInputError(f"{base_url}/models did not return an OpenAI model list") from None
 
 
-def metrics(base_url: str, api_key: str | None, timeout: float = 2.0) -> EngineMetrics | None:
+def metrics(base_url: str, api_key: str | None, timeout: float = 5.0) -> EngineMetrics | None:
     try:
         r = _get(root_of(base_url) + "/metrics", api_key, timeout)
     except httpx.HTTPError:

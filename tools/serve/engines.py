@@ -283,6 +283,9 @@ class EngineManager:
             while time.monotonic() < deadline and pid_alive(rec.pid, rec.pid_started):
                 time.sleep(0.2)
             _signal_group(rec.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10.0  # SIGKILL is not instant: stop returns once the process is gone
+            while time.monotonic() < deadline and pid_alive(rec.pid, rec.pid_started):
+                time.sleep(0.1)
         self.ledger.release(owner(engine_id))
         return rec
 
