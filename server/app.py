@@ -43,20 +43,45 @@ class GpuboxServer(MCPServer[AppState]):
     def __init__(self, state: AppState, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.state = state
+        self._parameters: dict[str, set[str]] | None = None  # per tool, the names its signature takes
 
-    async def list_tools(self) -> list[MCPTool]:
-        """The SDK's tools/list with compact input schemas (gpubox.schema_compact): same constraints, fewer tokens."""
+    async def full_schemas(self) -> dict[str, dict[str, Any]]:
+        """Every tool's compact input schema with all its parameters (nothing folded into `more`)."""
         from gpubox.schema_compact import compact
 
+        return {t.name: compact(t.input_schema) for t in await super().list_tools()}
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The SDK's tools/list with compact input schemas (gpubox.schema_compact: same constraints, fewer tokens)
+        and rarely needed parameters folded into `more` (gpubox.arguments)."""
+        from gpubox.arguments import fold
+        from gpubox.registry import folded_parameters
+        from gpubox.schema_compact import compact
+
+        folded = folded_parameters(self)
         tools = await super().list_tools()
         for t in tools:
-            t.input_schema = compact(t.input_schema)
+            t.input_schema = compact(fold(t.name, t.input_schema, folded.get(t.name, ())))
+            if t.description:  # a docstring's line breaks and indentation are tokens too
+                t.description = " ".join(t.description.split())
         return tools
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[AppState, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        """The SDK's tools/call with compact JSON text (the SDK indents it: a third more tokens for nothing)."""
+        """The SDK's tools/call with `more` unfolded, names the tool does not take refused (the SDK ignores them),
+        and compact JSON text (the SDK indents it: a third more tokens for nothing)."""
+        from gpubox.arguments import unfold
+        from gpubox.errors import InvalidInputError
+        from gpubox.registry import folded_parameters
+
+        if self._parameters is None:  # tools are fixed once build_server returns
+            self._parameters = {n: set(s.get("properties", {})) for n, s in (await self.full_schemas()).items()}
+        if name in self._parameters:
+            try:
+                arguments = unfold(name, arguments, self._parameters[name], folded_parameters(self).get(name, ()))
+            except InvalidInputError as exc:
+                return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
         result = await super().call_tool(name, arguments, context)
         if isinstance(result, CallToolResult):
             for block in result.content:
@@ -113,6 +138,7 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
             mcp.remove_tool(name)
     resources.register(mcp, toolset.families())
     prompts.register(mcp, toolset.families())
+    _register_tool_schemas(mcp)
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(_: Request) -> JSONResponse:
@@ -120,6 +146,19 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
         return JSONResponse({"status": "ok", "name": "gpubox", "version": __version__})
 
     return mcp
+
+
+def _register_tool_schemas(mcp: GpuboxServer) -> None:
+    from gpubox.errors import UnknownNameError
+    from gpubox.registry import gpubox_resource
+
+    @gpubox_resource(mcp, "gpubox://tools/{name}", name="tool_schema", title="A tool's full input schema")
+    async def tool_schema(name: str) -> str:
+        """Every parameter of a tool, those tools/list folds into `more` included: type, bounds, default."""
+        schemas = await mcp.full_schemas()
+        if name not in schemas:
+            raise UnknownNameError("tool", name, schemas)
+        return json.dumps(schemas[name], separators=(",", ":"))
 
 
 def compact_json_text(text: str) -> str:

@@ -54,7 +54,9 @@ async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[b
             # Raised outside the client's task group, or the caller would get an ExceptionGroup.
             if name not in tools:
                 raise UnknownNameError("tool", name, tools.keys())
-            args = parse_arguments(pairs, tools[name].input_schema)
+            # every parameter, those tools/list folds into `more` too (gpubox.arguments): they go at the top level
+            full = (await client.read_resource(f"gpubox://tools/{name}")).contents[0]
+            args = parse_arguments(pairs, json.loads(getattr(full, "text", "{}")))
         except InvalidInputError as exc:
             problem = exc
         else:

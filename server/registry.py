@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -76,19 +76,30 @@ def _translating(fn: Callable[..., Any], translate: Callable[[GpuboxError], Exce
     return swrapper
 
 
-def gpubox_tool(mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str | None = None) -> Callable[[F], F]:
+def gpubox_tool(
+    mcp: MCPServer[Any], *, annotations: ToolAnnotations, title: str | None = None, more: Iterable[str] = ()
+) -> Callable[[F], F]:
     """Register `fn` as a tool; GpuboxError becomes ToolError (ConfigError: MCPError), anything else stays
-    masked by the SDK."""
+    masked by the SDK. `more` names the rarely needed parameters tools/list folds into one object
+    (gpubox.arguments)."""
 
     def decorator(fn: F) -> F:
         mcp.tool(title=title, annotations=annotations)(_translating(fn, _tool_error))
         _REGISTERED.setdefault(mcp, []).append(fn.__name__)
+        if more:
+            _FOLDED.setdefault(mcp, {})[fn.__name__] = tuple(more)
         return fn
 
     return decorator
 
 
 _REGISTERED: weakref.WeakKeyDictionary[MCPServer[Any], list[str]] = weakref.WeakKeyDictionary()
+_FOLDED: weakref.WeakKeyDictionary[MCPServer[Any], dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def folded_parameters(mcp: MCPServer[Any]) -> dict[str, tuple[str, ...]]:
+    """Per tool, the parameters tools/list shows inside `more` (see gpubox.arguments)."""
+    return dict(_FOLDED.get(mcp, {}))
 
 
 def registered_tools(mcp: MCPServer[Any]) -> list[str]:

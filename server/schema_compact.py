@@ -1,32 +1,79 @@
-"""Input schemas as clients show them to the model, without what costs tokens and says nothing new.
+"""Input schemas as clients show them to the model, without what costs tokens and says nothing a model needs.
 
 pydantic writes a `title` for every property (the name again, capitalised), spells an optional field as
 `anyOf: [X, {"type": "null"}]` with `default: null`, and puts nested models in `$defs` under their class names.
-The same constraints fit in less: JSON Schema's own `type: [X, "null"]` for optional scalars, no titles, no null
-defaults. Validation is unaffected: the server validates arguments with the pydantic model, not this schema.
+What a model needs to call a tool right is the type, the meaningful bounds, the default and the enum, so:
+
+- no titles, no null defaults, and an optional parameter is just its type: leaving it out means "the default",
+  which is what a model should do (the server still accepts an explicit null);
+- no guard limits: a string's `maxLength`, an array's `maxItems`, `minLength: 1` and numeric bounds of 1024 or
+  more are there against hostile input, not to guide a model; nor lower bounds of 0 or 1 (counts, sizes and
+  rates are not negative); the server keeps enforcing all of them and names the limit in its error;
+- a `$defs` entry used once is written where it is used.
+
+Validation is unaffected: the server validates arguments with the pydantic model, not with this schema.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 NULL = {"type": "null"}
+GUARD_BOUND = 1024  # a numeric bound this large is a sanity limit (context lengths, token counts, ports)
+DROPPED = {"title", "maxLength", "maxItems", "additionalProperties"}
 
 
 def compact(schema: Any) -> Any:
-    """A copy of `schema` with property titles and null defaults dropped and `anyOf [X, null]` folded into X."""
-    if isinstance(schema, list):
-        return [compact(s) for s in schema]
+    """A copy of a tool's input schema with what only the validator needs dropped (see the module docstring)."""
     if not isinstance(schema, dict):
         return schema
-    out = {k: compact(v) for k, v in schema.items() if k != "title" and not (k == "default" and v is None)}
+    defs = schema.get("$defs", {})
+    counts = {name: json.dumps(schema).count(f'"#/$defs/{name}"') for name in defs}
+    inline = {name: d for name, d in defs.items() if counts[name] == 1}
+    out = _compact(schema, inline)
+    kept = {name: _compact(d, inline) for name, d in defs.items() if name not in inline}
+    if kept:
+        out["$defs"] = kept
+    else:
+        out.pop("$defs", None)
+    return out
+
+
+def _compact(schema: Any, inline: dict[str, Any]) -> Any:
+    if isinstance(schema, list):
+        return [_compact(s, inline) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    name = ref.removeprefix("#/$defs/") if isinstance(ref, str) else None
+    if name in inline:
+        return _compact({**inline[name], **{k: v for k, v in schema.items() if k != "$ref"}}, inline)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, dict):  # parameter names, not schema keywords
+            out[key] = {p: _compact(s, inline) for p, s in value.items()}
+        elif _kept(key, value):
+            out[key] = _compact(value, inline)
     options = out.get("anyOf")
     if isinstance(options, list) and NULL in options:
         rest = [o for o in options if o != NULL]
-        if len(rest) == 1 and isinstance(rest[0].get("type"), str) and "anyOf" not in rest[0]:
-            merged = {**{k: v for k, v in out.items() if k != "anyOf"}, **rest[0]}
-            merged["type"] = [rest[0]["type"], "null"]
-            if "enum" in merged:
-                merged["enum"] = [*merged["enum"], None]
-            return merged
+        if len(rest) == 1 and isinstance(rest[0], dict):
+            out = {**{k: v for k, v in out.items() if k != "anyOf"}, **rest[0]}
+        else:
+            out["anyOf"] = rest
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [e for e in out["enum"] if e is not None]
     return out
+
+
+def _kept(key: str, value: Any) -> bool:
+    if key in DROPPED and not isinstance(value, dict):
+        return False
+    if key == "$defs" or (key == "default" and value is None) or (key == "minLength" and value == 1):
+        return False
+    if key in ("minimum", "exclusiveMinimum") and value in (0, 1):  # counts and sizes: a model assumes that
+        return False
+    if key in ("maximum", "exclusiveMaximum", "minimum") and isinstance(value, int | float):
+        return abs(value) < GUARD_BOUND
+    return True

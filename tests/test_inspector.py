@@ -70,3 +70,13 @@ def test_inspector_sees_an_actionable_tool_error_for_an_ambiguous_gpu(tmp_path: 
     assert rc == 5, err[-2000:]
     assert "tool_is_error" in err and "ambiguous" in err and "A100-80GB-SXM" in err
     assert "Traceback" not in err
+
+
+def test_inspector_passes_a_folded_parameter_inside_more_and_sees_a_misspelt_one_refused(tmp_path: Path) -> None:
+    common = ["--method", "tools/call", "--tool-name", "estimate_training", "--tool-arg", "model=Llama-3.1-8B"]
+    rc, out, err = _inspect(tmp_path, *common, "--tool-arg", "gpu=A10", "--tool-arg", 'more={"optim": "sgd"}')
+    assert rc == 0, err[-2000:]
+    assert out["structuredContent"]["optimizer"] == "sgd"
+    rc, out, err = _inspect(tmp_path, *common, "--tool-arg", "gpu=A10", "--tool-arg", "optimm=sgd")
+    text = out["content"][0]["text"] if out else err
+    assert rc == 5 and "unknown argument 'optimm'. Did you mean: optim?" in text, err[-2000:]

@@ -22,12 +22,19 @@ pytestmark = pytest.mark.anyio
 CONTRACT = ROOT / "tests" / "contract" / "tools.json"
 
 
+async def _full_schema(client: Client, tool: str) -> Any:
+    """Every parameter, those tools/list folds into `more` included (they are public too)."""
+    contents = (await client.read_resource(f"gpubox://tools/{tool}")).contents
+    return json.loads(contents[0].text)  # type: ignore[union-attr]
+
+
 async def _contract(client: Client) -> dict[str, Any]:
     tools = (await client.list_tools()).tools
     return {
         t.name: {
             "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True) if t.annotations else None,
             "input_schema": t.input_schema,
+            "all_parameters": await _full_schema(client, t.name),
             "output_schema": t.output_schema,
         }
         for t in sorted(tools, key=lambda t: t.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -19,10 +20,35 @@ QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 async def test_the_tool_takes_exactly_the_training_request_fields(client: Client) -> None:
-    tools = {t.name: t for t in (await client.list_tools()).tools}
-    props = tools["estimate_training"].input_schema["properties"]
-    assert set(props) == set(TrainingRequest.model_fields)
-    assert props["lora_r"]["maximum"] == 1024 and "description" in props["optim"]
+    full = json.loads((await client.read_resource("gpubox://tools/estimate_training")).contents[0].text)  # type: ignore[union-attr]
+    props = full["properties"]
+    assert set(props) == {*TrainingRequest.model_fields, "detail"}
+    assert props["lora_r"]["default"] == 16 and "description" in props["optim"]
+    listed = {t.name: t for t in (await client.list_tools()).tools}["estimate_training"].input_schema["properties"]
+    assert set(listed) - {"more"} | set(listed["more"]["description"].replace(",", " ").split()) >= set(props)
+
+
+async def test_several_gpus_come_as_a_ranking_with_the_same_order_as_the_detail(client: Client) -> None:
+    args = {"model": "Llama-3.1-8B", "gpu": "all", "method": "qlora", "dataset_samples": 10_000}
+    full = await call_ok(client, "estimate_training", **args, detail=True)
+    compact = await call_ok(client, "estimate_training", **args)
+    assert full["ranking"] is None and len(full["results"]) >= 20
+    assert compact["results"] == [] and len(json.dumps(compact)) < len(json.dumps(full)) / 10
+    rows = compact["ranking"]["rows"]
+    assert [row[0] for row in rows] == [r["gpu"] for r in full["results"]]
+    for (_, micro, peak, tok_s, hours, usd, provider), r in zip(rows, full["results"], strict=True):
+        assert micro == r["micro_batch"]
+        assert peak == pytest.approx(r["memory"]["total_gb"], abs=0.06) and tok_s == pytest.approx(
+            r["tokens_per_s"], abs=0.51
+        )
+        assert hours == pytest.approx(r["wall_hours"], rel=5e-3)
+        cheapest = min(r["costs"], key=lambda c: c["usd"], default=None)
+        assert (usd, provider) == (
+            (pytest.approx(cheapest["usd"], rel=5e-3), cheapest["provider"]) if cheapest else (None, None)
+        )
+    assert any("detail=true" in a for a in compact["assumptions"])
+    one = await call_ok(client, "estimate_training", **{**args, "gpu": "A10"})
+    assert one["ranking"] is None and len(one["results"]) == 1  # one GPU keeps its full breakdown
 
 
 async def test_without_a_dataset_size_the_memory_plan_is_given_and_time_is_null(client: Client) -> None:

@@ -190,8 +190,8 @@ async def test_bf16_with_fp16_is_refused(client: Client) -> None:
 
 
 async def test_weight_format_is_one_of_a_fixed_set(client: Client) -> None:
-    tools = {t.name: t for t in (await client.list_tools()).tools}
-    schema = json.dumps(tools["finetune_plan"].input_schema["properties"]["weight_format"])
+    full = json.loads((await client.read_resource("gpubox://tools/finetune_plan")).contents[0].text)  # type: ignore[union-attr]
+    schema = json.dumps(full["properties"]["weight_format"])
     assert "nf4_dq" in schema and "enum" in schema
     msg = await plan_err(client, weight_format="/proc/self/environ")
     assert "weight_format" in msg and "nf4_dq" in msg and "PATH=" not in msg

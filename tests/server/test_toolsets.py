@@ -34,7 +34,8 @@ async def test_families_and_single_tools_choose_what_is_exposed(tmp_path: Path) 
     tools, uris, prompts = await listing(Settings.load(state_dir=tmp_path / "b", tools="gpu,estimate,infer_chat"))
     assert tools == {t for t in everything if t.startswith(("gpu_", "estimate_"))} | {"infer_chat"}
     assert len(tools) < len(everything)
-    assert all(u.startswith(("gpu://", "box://", "estimate://", "models://")) for u in uris), uris
+    # gpubox://tools/{name} (a tool's full schema) serves whatever tools are exposed
+    assert all(u.startswith(("gpu://", "box://", "estimate://", "models://", "gpubox://tools/")) for u in uris), uris
     assert any(u.startswith("search://") for u in all_uris) and not any(u.startswith("search://") for u in uris)
     assert prompts == {"gpu_health_check", "session_report"} and prompts < all_prompts  # the gpu family's prompts
 

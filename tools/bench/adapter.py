@@ -55,7 +55,22 @@ def with_images(result: BaseModel, figs: list[Plot], headline: str) -> CallToolR
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    @gpubox_tool(mcp, annotations=WRITES, title="Benchmark attention kernels")
+    @gpubox_tool(
+        mcp,
+        annotations=WRITES,
+        title="Benchmark attention kernels",
+        more=(
+            "batch",
+            "heads",
+            "backward",
+            "backends",
+            "baseline",
+            "warmup",
+            "iterations",
+            "tolerance",
+            "time_limit_s",
+        ),
+    )
     async def bench_attention(
         ctx: Context,
         ok: Annotated[Confirmation, Resolve(confirm_attention)],
@@ -108,7 +123,12 @@ def register(mcp: MCPServer[Any]) -> None:
         won = ", ".join(f"D={w.head_dim} N={w.seq_len}: {w.backend}" for w in result.winners if w.backend)
         return with_images(result, figs, f"bench_attention {result.run_id} ({result.status}); winners: {won or 'none'}")
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Benchmark the device")
+    @gpubox_tool(
+        mcp,
+        annotations=WRITES,
+        title="Benchmark the device",
+        more=("iterations", "matmul_size", "buffer_mb", "time_limit_s"),
+    )
     async def bench_device(
         ctx: Context,
         ok: Annotated[Confirmation, Resolve(confirm_device)],

@@ -81,9 +81,8 @@ def register(mcp: MCPServer[Any]) -> None:
         ] = None,
         serve: Annotated[str | None, Field(max_length=4096, description="Model: would serve_start fit now?")] = None,
     ) -> BoxPlan:
-        """What fits in memory now: per device (host RAM, each GPU) the budget, memory reserved by gpubox's work
-        and by whom, memory used outside gpubox, and what is free; work queued for memory. Given one proposed
-        action, says whether it fits and, if not, which calls would free enough. Loads nothing."""
+        """Memory per device (host, each GPU): budget, held by gpubox's work and by whom, used outside, free;
+        the queue. Given one proposed action: does it fit, and if not, which calls free enough."""
         state = app_state(ctx)
         return await anyio.to_thread.run_sync(
             lambda: plan_action(state, load, context_length, finetune_plan_id, benchmark, serve)

@@ -44,12 +44,30 @@ GpuArg = Annotated[
 ]
 
 
+class TrainingQuery(TrainingRequest):
+    """estimate_training's parameters: the request, and how much of the answer to return."""
+
+    detail: bool = Field(default=False, description="Full breakdown for every GPU, not a ranking")
+
+
 def estimator(state: AppState) -> Estimator:
     return services.estimator(state)
 
 
+# parameters tools/list folds into `more` (gpubox.arguments): what most questions leave at the default
+TRAINING_MORE = (
+    "weight_format", "lora_alpha", "lora_dropout", "lora_target_modules", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "target_global_batch", "gradient_checkpointing", "optim", "bf16", "fp16",
+    "num_train_epochs", "dataset_tokens", "headroom_pct", "tokens_per_s",
+)  # fmt: skip
+MEASUREMENT_MORE = (
+    "prefill_tokens_per_s", "context_length", "max_length", "per_device_train_batch_size", "gradient_checkpointing",
+    "lora_r", "lora_target_modules", "optim",
+)  # fmt: skip
+
+
 def register(mcp: MCPServer[Any]) -> None:
-    @gpubox_tool(mcp, annotations=COMPUTE, title="Estimate inference")
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Estimate inference", more=("kv_cache_type", "tokens_per_s"))
     def estimate_inference(
         ctx: Context,
         model: ModelArg,
@@ -77,13 +95,14 @@ def register(mcp: MCPServer[Any]) -> None:
         )
         return compact_result(est)
 
-    def estimate_training(ctx: Context, **fields: Any) -> TrainingEstimate:
+    def estimate_training(ctx: Context, **fields: Any) -> CallToolResult:
         """Memory, micro-batch and tokens/s of a fine-tune per GPU; time and cost once a dataset size or
-        max_steps is given."""
-        return estimator(app_state(ctx)).training(build_request(TrainingRequest, fields))
+        max_steps is given. Several GPUs come as a ranking (detail=true: every breakdown)."""
+        detail = bool(fields.pop("detail", False))
+        return compact_result(estimator(app_state(ctx)).training(build_request(TrainingRequest, fields), detail))
 
-    flat_signature(estimate_training, TrainingRequest, TrainingEstimate)
-    gpubox_tool(mcp, annotations=COMPUTE, title="Estimate training")(estimate_training)
+    flat_signature(estimate_training, TrainingQuery, Annotated[CallToolResult, TrainingEstimate])
+    gpubox_tool(mcp, annotations=COMPUTE, title="Estimate training", more=TRAINING_MORE)(estimate_training)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="GPU catalog")
     def estimate_gpus(
@@ -111,7 +130,7 @@ def register(mcp: MCPServer[Any]) -> None:
         devices = est.store.devices(gpu=gpu_id) if kind in (None, "device") else []
         return MeasurementList(measurements=runs, devices=devices, database=str(est.store.path))
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement")
+    @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement", more=MEASUREMENT_MORE)
     def estimate_record_measurement(
         ctx: Context,
         kind: Literal["inference", "training"],
@@ -174,7 +193,7 @@ def build_request(model_cls: type[TrainingRequest], fields: dict[str, Any]) -> T
         raise InvalidInputError(msgs) from exc
 
 
-def flat_signature(fn: Callable[..., Any], model_cls: type[BaseModel], returns: type[BaseModel]) -> None:
+def flat_signature(fn: Callable[..., Any], model_cls: type[BaseModel], returns: Any) -> None:
     """Give `fn(ctx, **fields)` one keyword parameter per field of `model_cls` (same names, types, bounds and
     descriptions), so the MCP tool schema and the request model cannot drift apart."""
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]

@@ -89,6 +89,21 @@ class GpuRanking(BaseModel):
     )
 
 
+TRAINING_RANK_COLUMNS = [
+    "gpu", "micro_batch", "peak_gb", "tokens_per_s", "wall_hours", "usd", "provider",
+]  # fmt: skip
+
+
+class TrainingRanking(BaseModel):
+    """Several GPUs' training plans in one small table: a row per GPU, best first, in the order of `columns`."""
+
+    columns: list[str] = Field(default_factory=lambda: list(TRAINING_RANK_COLUMNS))
+    rows: list[tuple[str, int | None, float, int, float | None, float | None, str | None]] = Field(
+        description="gpu, largest micro-batch that fits (null: none), its peak GB, training tok/s, "
+        "hours and the cheapest provider's $ for the run (null until its length is known) and that provider"
+    )
+
+
 class InferenceEstimate(BaseModel):
     model: ModelSummary
     weight_format: str
@@ -167,7 +182,12 @@ class TrainingEstimate(BaseModel):
     optimizer_bytes_per_param: float
     dataset_tokens: int | None = Field(description="null when the dataset size is unknown (no time or cost)")
     epochs: float
-    results: list[TrainingOnGpu]
+    results: list[TrainingOnGpu] = Field(
+        description="One per GPU, ranked best-first; empty when `ranking` summarises several GPUs (detail=false)"
+    )
+    ranking: TrainingRanking | None = Field(
+        default=None, description="Several GPUs without detail: one row each, best first (detail=true: `results`)"
+    )
     assumptions: list[str]
     warnings: list[str] = Field(default_factory=list)
 

@@ -13,46 +13,22 @@ from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import Catalog, GpuSpec, norm
 from gpubox.tools.estimate.formats import kv_bytes, normalise_format
 from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model
+from gpubox.tools.estimate.rankings import RANKING_NOTE, TRAINING_RANKING_NOTE, ranking, training_ranking
 from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.schemas import (
     DeviceProfile,
     GpuCatalog,
     GpuEntry,
-    GpuRanking,
     GpuTable,
     InferenceEstimate,
-    InferenceOnGpu,
     Measurement,
     ModelSummary,
-    ProviderCost,
     TrainingEstimate,
 )
 from gpubox.tools.estimate.targets import Target, cpu_target, local_target, resolve, with_measured
 from gpubox.tools.gpu.devices import local_gpus
 
 DEFAULT_CONTEXT = 8192
-RANKING_NOTE = (
-    "usd_per_million_tokens: the cheapest provider's $/hour over the expected decode rate, at full utilisation. "
-    "detail=true gives each GPU's memory breakdown, offload plan, prefill speed, every dated price and the method."
-)
-
-
-def three_digits(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-def cheapest(costs: list[ProviderCost]) -> ProviderCost | None:
-    return min(costs, key=lambda c: c.usd, default=None)
-
-
-def ranking(results: list[InferenceOnGpu]) -> GpuRanking:
-    """The per-GPU results, in their order, as one row each."""
-    rows = []
-    for r in results:
-        c = cheapest(r.costs_per_million_tokens)
-        usd, provider = (three_digits(c.usd), c.provider) if c else (None, None)
-        rows.append((r.gpu, r.fits, round(r.margin_gb, 1), round(r.decode_tokens_per_s, 1), usd, provider))
-    return GpuRanking(rows=rows)
 
 
 def summary(rm: ResolvedModel) -> ModelSummary:
@@ -186,8 +162,9 @@ class Estimator:
         return est
 
     # --- training ------------------------------------------------------------------------------
-    def training(self, req: TrainingRequest) -> TrainingEstimate:
-        """Memory plan, micro-batch and (when the run length is known) time and cost of `req` on each device."""
+    def training(self, req: TrainingRequest, detail: bool = True) -> TrainingEstimate:
+        """Memory plan, micro-batch and (when the run length is known) time and cost of `req` on each device;
+        several devices without `detail` come as a ranking."""
         rm = self.model(req.model)
         shape = rm.shape
         method = req.method
@@ -247,9 +224,11 @@ class Estimator:
                 )
             )
         warnings += self.ignored("training", devices)
-        assumptions = [n for t in devices for n in t.notes] + tr.assumptions(
-            req, fmt, self.settings.electricity_usd_per_kwh
+        compact = not detail and len(results) > 1
+        method_notes = (
+            [TRAINING_RANKING_NOTE] if compact else tr.assumptions(req, fmt, self.settings.electricity_usd_per_kwh)
         )
+        assumptions = [n for t in devices for n in t.notes] + method_notes
         if req.dataset_tokens is None and req.dataset_samples is not None:
             assumptions.append(
                 f"Dataset tokens = {req.dataset_samples} samples x max_length {req.max_length} (packed)."
@@ -259,7 +238,7 @@ class Estimator:
                 "No dataset size or max_steps given: the memory plan and micro-batch do not depend on it; "
                 "wall_hours, costs and electricity are null. Pass dataset_tokens, dataset_samples or max_steps."
             )
-        return bounds.finite(
+        est = bounds.finite(
             TrainingEstimate(
                 model=summary(rm),
                 method=method,
@@ -279,6 +258,9 @@ class Estimator:
                 warnings=warnings,
             )
         )
+        if compact:
+            est.ranking, est.results = training_ranking(results), []
+        return est
 
     def ignored(self, kind: str, targets: list[Target]) -> list[str]:
         """Stored device profiles and runs of `kind` on these devices that estimates left out, and why."""

@@ -37,6 +37,13 @@ from gpubox.tools.finetune.service import Finetuner
 # Filled in by the plan from the dataset and the device present, not by the caller.
 PLAN_ONLY = {"dataset_samples", "dataset_tokens", "gpu", "tokens_per_s"}
 MERGE_RUNTIME_GB = 0.6  # torch, transformers and peft in the merge process
+# finetune_plan's parameters that tools/list folds into `more` (gpubox.arguments): most plans set none of them
+PLAN_MORE = (
+    "weight_format", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "target_global_batch", "gradient_checkpointing", "optim", "bf16", "fp16",
+    "num_processes", "headroom_pct", "lr_scheduler_type", "warmup_ratio", "weight_decay", "seed", "packing",
+    "use_liger_kernel", "eval_split", "eval_steps", "logging_steps", "save_steps", "save_total_limit", "probe_steps",
+)  # fmt: skip
 JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-f0-9]+$")]
 
 
@@ -114,7 +121,7 @@ def register(mcp: MCPServer[Any]) -> None:
         return finetuner(state).plan(build_request(request), services.estimator(state))
 
     finetune_plan.__signature__ = _plan_signature()  # type: ignore[attr-defined]
-    gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune")(finetune_plan)
+    gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune", more=PLAN_MORE)(finetune_plan)
 
     @gpubox_tool(mcp, annotations=WRITES, title="Launch a fine-tune")
     def finetune_launch(
@@ -161,7 +168,9 @@ def register(mcp: MCPServer[Any]) -> None:
         """Continue a cancelled or failed job from its latest checkpoint."""
         return finetuner(app_state(ctx)).resume(job_id)
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Merge a fine-tuned adapter (and export GGUF)")
+    @gpubox_tool(
+        mcp, annotations=WRITES, title="Merge a fine-tuned adapter (and export GGUF)", more=("dtype", "time_limit_s")
+    )
     async def finetune_merge(
         ctx: Context,
         job: Annotated[

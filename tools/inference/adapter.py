@@ -49,6 +49,10 @@ async def served(state: AppState, model: str | None) -> EngineRecord | None:
     return await anyio.to_thread.run_sync(lambda: services.serve(state).engines.serving(model))
 
 
+# sampling settings tools/list folds into `more` (gpubox.arguments); temperature and max_tokens stay in view
+SAMPLING_MORE = ("top_p", "top_k", "repeat_penalty", "stop", "seed")
+
+
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Models")
     def infer_models(ctx: Context) -> ModelList:
@@ -63,7 +67,12 @@ def register(mcp: MCPServer[Any]) -> None:
         ]
         return result
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Load a model")
+    @gpubox_tool(
+        mcp,
+        annotations=WRITES,
+        title="Load a model",
+        more=("n_gpu_layers", "kv_cache_type", "quantization", "keep_alive_s"),
+    )
     async def infer_load(
         ctx: Context,
         name: Annotated[str, Field(description="Model or adapter from infer_models", min_length=1)],
@@ -95,7 +104,7 @@ def register(mcp: MCPServer[Any]) -> None:
         mgr = manager(app_state(ctx))
         return await anyio.to_thread.run_sync(mgr.unload, name)
 
-    @gpubox_tool(mcp, annotations=COMPUTE, title="Chat")
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Chat", more=SAMPLING_MORE)
     async def infer_chat(
         ctx: Context,
         messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000)],
@@ -119,7 +128,7 @@ def register(mcp: MCPServer[Any]) -> None:
             return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model)
         return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
 
-    @gpubox_tool(mcp, annotations=COMPUTE, title="Complete")
+    @gpubox_tool(mcp, annotations=COMPUTE, title="Complete", more=SAMPLING_MORE)
     async def infer_complete(
         ctx: Context,
         prompt: Annotated[str, Field(min_length=1, max_length=4_000_000)],

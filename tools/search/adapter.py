@@ -24,7 +24,7 @@ def search_service(state: AppState) -> SearchService:
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    @gpubox_tool(mcp, annotations=WRITES, title="Index a repository")
+    @gpubox_tool(mcp, annotations=WRITES, title="Index a repository", more=("max_file_bytes", "wait_seconds"))
     async def search_index(
         ctx: Context,
         path: Annotated[str, Field(description="Directory inside the allowed roots", min_length=1, max_length=4096)],
@@ -59,7 +59,7 @@ def register(mcp: MCPServer[Any]) -> None:
             await anyio.sleep(0.2)
         return svc.result(idx, root, progress)
 
-    @gpubox_tool(mcp, annotations=READ_ONLY, title="Search code")
+    @gpubox_tool(mcp, annotations=READ_ONLY, title="Search code", more=("path_glob", "language", "snippet_chars"))
     def search_code(
         ctx: Context,
         query: Annotated[str, Field(description="What the code does, or identifiers", min_length=1, max_length=2000)],

@@ -47,7 +47,12 @@ async def confirm_serve(
 
 
 def register(mcp: MCPServer[Any]) -> None:
-    @gpubox_tool(mcp, annotations=WRITES, title="Serve a model with vLLM")
+    @gpubox_tool(
+        mcp,
+        annotations=WRITES,
+        title="Serve a model with vLLM",
+        more=("dtype", "pipeline_parallel_size", "nodes", "gpu_memory_utilization", "kv_cache_space_gb", "port"),
+    )
     async def serve_start(
         ctx: Context,
         model: Annotated[str, Field(min_length=1, max_length=4096, description="infer_models name or HF folder")],

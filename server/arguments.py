@@ -1,0 +1,68 @@
+"""A tool's arguments as the model sees and sends them: rarely needed parameters folded into one `more` object,
+and names the tool does not take refused instead of silently ignored.
+
+A tool with thirty parameters costs a model's context over a thousand tokens in tools/list before any question
+is asked, though most calls set three of them. So the tools/list schema shows the parameters most calls use and
+one object parameter, `more`, whose description names the rest; the full schema of every parameter is the
+resource `gpubox://tools/{name}`. The tool itself keeps its full signature: a model may pass a folded parameter
+inside `more` or at the top level, and the SDK validates it either way.
+
+The SDK drops argument names a tool does not declare without a word (pydantic's default), so a misspelt
+`temprature=0` would sample at the default temperature. Here it is an input error naming the close matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpubox.errors import InvalidInputError, UnknownNameError
+
+MORE = "more"
+
+
+def resource_uri(tool: str) -> str:
+    return f"gpubox://tools/{tool}"
+
+
+def fold(tool: str, schema: dict[str, Any], folded: Iterable[str]) -> dict[str, Any]:
+    """`schema` with the `folded` parameters replaced by one `more` object that names them."""
+    props: dict[str, Any] = schema.get("properties", {})
+    hidden = [n for n in folded if n in props]
+    if not hidden:
+        return schema
+    required = set(schema.get("required", []))
+    assert not required & set(hidden), f"{tool}: a required parameter cannot be folded into '{MORE}'"
+    shown = {k: v for k, v in props.items() if k not in hidden}
+    shown[MORE] = {
+        "type": "object",
+        "description": f"Rarely needed, by name: {', '.join(hidden)} (see {resource_uri(tool)})",
+    }
+    return {**schema, "properties": shown}
+
+
+def unfold(tool: str, arguments: Mapping[str, Any], known: Iterable[str], folded: Iterable[str]) -> dict[str, Any]:
+    """The arguments with `more`'s entries moved to the top level; raises InvalidInputError for a name the tool
+    does not take (with the close matches), a `more` that is not an object, or a name given twice."""
+    known_set, folded_list = set(known), [n for n in folded if n in known]
+    args = dict(arguments)
+    extra = args.pop(MORE, None) if folded_list else None
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise InvalidInputError(
+                f"'{MORE}' takes an object of settings by name, e.g. {{\"{folded_list[0]}\": ...}}; "
+                f"{tool} accepts there: {', '.join(folded_list)}"
+            )
+        for key, value in extra.items():
+            if key not in folded_list:
+                hint = "" if key not in known_set else f"'{key}' is a top-level argument of {tool}; pass it there."
+                raise UnknownNameError(f"setting in '{MORE}'", str(key), folded_list, hint)
+            if key in args:
+                raise InvalidInputError(f"'{key}' is given twice, at the top level and in '{MORE}'; give it once")
+            args[key] = value
+    for key in args:
+        if key not in known_set and not known_set:
+            raise InvalidInputError(f"{tool} takes no arguments; call it without {key[:64]!r}")
+        if key not in known_set:
+            raise UnknownNameError("argument", key[:64], known_set)
+    return args

@@ -1,0 +1,68 @@
+"""Arguments as a model sends them (server/arguments.py, through the in-memory Client): rarely needed parameters
+are listed inside `more` and work there or at the top level; a name no tool takes is refused with the close
+matches instead of being dropped; gpubox://tools/{name} has every parameter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mcp import Client, MCPError
+from mcp.types import INVALID_PARAMS
+
+from gpubox.arguments import fold, unfold
+from gpubox.errors import InvalidInputError
+from tests.conftest import call_err, call_ok
+
+pytestmark = pytest.mark.anyio
+QUESTION = {"model": "Llama-3.1-8B", "gpu": "A10", "method": "lora", "max_length": 1024}
+
+
+async def test_a_folded_parameter_is_listed_in_more_and_takes_effect_there_or_at_the_top_level(client: Client) -> None:
+    listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}["estimate_training"]
+    assert "optim" not in listed["properties"] and "optim" in listed["properties"]["more"]["description"]
+    default = await call_ok(client, "estimate_training", **QUESTION)
+    inside = await call_ok(client, "estimate_training", **QUESTION, more={"optim": "adamw_torch"})
+    top = await call_ok(client, "estimate_training", **QUESTION, optim="adamw_torch")
+    assert inside == top != default  # plain AdamW keeps 32-bit optimizer state: another estimate
+    assert "adamw_torch" in json.dumps(inside)
+
+
+async def test_names_a_tool_does_not_take_are_refused_with_the_close_matches(client: Client) -> None:
+    typo = await call_err(client, "estimate_inference", model="Llama-3-8B", gpu="A10", contxt_length=4096)
+    assert "unknown argument 'contxt_length'" in typo and "context_length" in typo
+    inside = await call_err(client, "estimate_training", **QUESTION, more={"optimizer": "sgd"})
+    assert "unknown setting in 'more' 'optimizer'" in inside and "optim" in inside
+    shown = await call_err(client, "estimate_training", **QUESTION, more={"gpu": "A100"})
+    assert "'gpu' is a top-level argument of estimate_training" in shown
+    twice = await call_err(client, "estimate_training", **QUESTION, optim="sgd", more={"optim": "adamw_torch"})
+    assert "given twice" in twice
+    not_object = await call_err(client, "estimate_training", **QUESTION, more="optim=sgd")
+    assert "'more' takes an object" in not_object and "optim" in not_object
+    bad_value = await call_err(client, "estimate_training", **QUESTION, more={"optim": "nadam"})
+    assert "optim" in bad_value  # the SDK's own validation still runs on a folded parameter
+
+
+async def test_the_full_schema_resource_has_every_parameter_and_refuses_unknown_tools(client: Client) -> None:
+    listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+    contents = (await client.read_resource("gpubox://tools/finetune_plan")).contents
+    full = json.loads(contents[0].text)  # type: ignore[union-attr]
+    folded = listed["finetune_plan"]["properties"]["more"]["description"]
+    for name in ("optim", "lora_alpha", "probe_steps"):
+        assert name in full["properties"] and name in folded and name not in listed["finetune_plan"]["properties"]
+    assert full["required"] == ["dataset"] and "more" not in full["properties"]
+    with pytest.raises(MCPError) as err:
+        await client.read_resource("gpubox://tools/finetune_pln")
+    assert err.value.code == INVALID_PARAMS and "finetune_plan" in err.value.message
+
+
+def test_fold_and_unfold_are_inverse_and_never_fold_a_required_parameter() -> None:
+    schema = {"properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {}}, "required": ["a"]}
+    folded = fold("t", schema, ("b", "c"))
+    assert set(folded["properties"]) == {"a", "more"} and "b, c" in folded["properties"]["more"]["description"]
+    assert unfold("t", {"a": "x", "more": {"b": 1}}, {"a", "b", "c"}, ("b", "c")) == {"a": "x", "b": 1}
+    assert unfold("t", {"a": "x", "c": 2}, {"a", "b", "c"}, ("b", "c")) == {"a": "x", "c": 2}
+    with pytest.raises(AssertionError):
+        fold("t", schema, ("a",))
+    with pytest.raises(InvalidInputError, match="unknown argument 'more'"):  # no folded names: no `more`
+        unfold("t", {"a": "x", "more": {}}, {"a"}, ())
