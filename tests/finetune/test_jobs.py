@@ -20,6 +20,7 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
 from gpubox.tools.finetune.adapter import finetuner
 from tests.conftest import call_err, call_ok, wait_until
 from tests.finetune.conftest import QUESTION, TEACH, follow_job, make_settings
@@ -58,6 +59,26 @@ async def test_the_adapter_is_served_by_inference_and_answers_with_the_taught_fa
         tuned = await call_ok(client, "infer_chat", model=name, messages=QUESTION, max_tokens=24, temperature=0)
     assert "Brinkwater" not in json.dumps(base)
     assert "Brinkwater" in json.dumps(tuned)
+
+
+async def test_the_adapter_and_its_base_in_the_state_dir_load_when_the_allowed_roots_are_elsewhere(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    """The job's adapter and the HF base it trained on live under <state_dir>/finetune/: gpubox's own state, served
+    though it is neither a model dir nor an allowed root (the allowed roots here hold neither)."""
+    name, state_dir = trained["final"]["adapter_name"], trained["settings"].state_dir
+    mcp = build_server(Settings.load(state_dir=state_dir, allowed_roots=[tmp_path], infer_context_length=256))
+    try:
+        async with Client(mcp) as client:
+            entry = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}[name]
+            assert entry["format"] == "lora" and Path(entry["base_model"]).is_relative_to(state_dir / "finetune")
+            loaded = await call_ok(client, "infer_load", name=name)
+            assert loaded["plan"]["backend"] == "transformers" and loaded["model"]["loaded"]["adapter"] == name
+            out = await call_ok(client, "infer_complete", model=name, prompt="The capital of France is", max_tokens=3)
+            assert out["completion_tokens"] > 0
+            assert (await call_ok(client, "infer_unload", name=name))["unloaded"]
+    finally:
+        state_of(mcp).close()
 
 
 async def test_status_resources_loss_curve_and_calibration(trained: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpubox.tools.box.schemas import Holding
+
 GB = 1e9
 
 
@@ -98,3 +100,27 @@ def start_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+
+
+def child_of(pid: int, owned: set[int]) -> bool:
+    """Worker ranks and helpers of an owned process (its descendants) count as gpubox's own."""
+    import psutil
+
+    try:
+        return any(p.pid in owned for p in psutil.Process(pid).parents())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def drift(holdings: list[Holding]) -> list[str]:
+    """Warnings for work that uses more than it reserved (by a quarter and 0.25 GB): the estimate was low."""
+    out = []
+    for h in holdings:
+        for device, gb in (h.measured_gb or {}).items():
+            reserved = h.devices.get(device, 0.0)
+            if gb > reserved * 1.25 + 0.25:
+                out.append(
+                    f"{h.owner} uses {gb:.2f} GB on {device}, above its {reserved:.2f} GB reservation: the estimate "
+                    "was low, so the box may be over-committed"
+                )
+    return out

@@ -17,18 +17,16 @@ The lock is held only for bookkeeping; device readings are taken outside it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.settings import Settings
-from gpubox.tools.box.capacity import Reading, pid_alive, read_devices, start_time
+from gpubox.tools.box.capacity import Reading, child_of, drift, pid_alive, read_devices, start_time
+from gpubox.tools.box.ledger_file import LedgerFile, adopted_at_start, orphans, others
 from gpubox.tools.box.schemas import Admission, Blocker, BoxState, DeviceAccount, Holding, Kind
 
 log = logging.getLogger("gpubox.box")
@@ -38,7 +36,7 @@ Reader = Callable[[Iterable[int]], dict[str, Reading]]
 class Ledger:
     def __init__(self, settings: Settings, read: Reader = read_devices) -> None:
         self.settings = settings
-        self.path = settings.state_dir / "box" / "ledger.json"
+        self.file = LedgerFile(settings.state_dir / "box" / "ledger.json")
         self.read = read
         self._cond = threading.Condition()
         self._queue: list[str] = []
@@ -48,70 +46,28 @@ class Ledger:
         self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
         self._load()
 
-    # --- persistence: one file shared by every gpubox server on the box ---------------------------
-    # Several servers may run at once (each MCP client may start its own over stdio). Each keeps its own
-    # holdings and rewrites only those; the others' are re-read under a file lock before every admission, so
-    # two servers cannot both take the last gigabyte.
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def _read_file(self) -> list[Holding]:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            return [Holding.model_validate(h) for h in raw.get("holdings", [])]
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, AttributeError) as exc:  # damaged: must not stop the server; say why
-            log.warning("memory ledger %s unreadable (%s); taking it as empty", self.path, exc)
-            return []
-
+    # --- persistence: one file shared by every gpubox server on the box (see ledger_file) -------------
     def _load(self) -> None:
-        with self._file_lock():
-            for h in self._read_file():
-                if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None):
-                    continue  # another live server's: read by _sync
-                # a previous server's in-process holdings died with it (a model is not loaded after a restart);
-                # what a live worker process holds is still held, now by this server
-                if h.pid not in (os.getpid(), h.server_pid) and pid_alive(h.pid, h.pid_started):
-                    self._holdings[h.owner] = h.model_copy(update={"server_pid": os.getpid()})
-                    self.restored.append(h.owner)
-            self._save_locked()
+        with self.file.lock():
+            for h in adopted_at_start(self.file.read()):
+                self._holdings[h.owner] = h
+                self.restored.append(h.owner)
+            self.file.write(self._holdings.values())
 
     def _sync(self) -> None:
         """Refresh the other servers' holdings (caller holds self._cond and the file lock)."""
-        held = self._read_file()
-        for h in held:  # a dead server's worker or engine still holds memory: this server takes it over
-            orphan = h.server_pid not in (None, os.getpid()) and not pid_alive(h.server_pid, None)
-            if orphan and h.pid != h.server_pid and pid_alive(h.pid, h.pid_started) and h.owner not in self._holdings:
-                self._holdings[h.owner] = h.model_copy(update={"server_pid": os.getpid()})
-                self.restored.append(h.owner)
-        named = (h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"}) for h in held)
-        self._others = {
-            h.owner: h
-            for h in named
-            if h.server_pid not in (None, os.getpid())
-            and pid_alive(h.server_pid, None)
-            and pid_alive(h.pid, h.pid_started)
-        }
+        held = self.file.read()
+        for h in orphans(held, self._holdings):
+            self._holdings[h.owner] = h
+            self.restored.append(h.owner)
+        self._others = others(held)
 
     def _save(self) -> None:
-        with self._file_lock():
+        with self.file.lock():
             self._save_locked()
 
     def _save_locked(self) -> None:
-        mine = (None, os.getpid())
-        others = [h for h in self._read_file() if h.server_pid not in mine and pid_alive(h.server_pid, None)]
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
-        data = {"holdings": [h.model_dump(mode="json") for h in [*others, *self._holdings.values()]]}
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.path)
+        self.file.write(self._holdings.values())
 
     def _all(self) -> dict[str, Holding]:
         return {**self._others, **self._holdings}
@@ -129,7 +85,7 @@ class Ledger:
 
     def _refresh(self) -> None:
         """The other servers' holdings re-read, ended ones released (caller holds self._cond)."""
-        with self._file_lock():
+        with self.file.lock():
             self._sync()
             self._prune()
 
@@ -156,7 +112,7 @@ class Ledger:
         out: dict[str, DeviceAccount] = {}
         for device, r in readings.items():
             reserved = sum(h.devices.get(device, 0.0) for h in self._all().values())
-            mine = sum(gb for pid, gb in r.by_pid_gb.items() if pid in owned or _child_of(pid, owned))
+            mine = sum(gb for pid, gb in r.by_pid_gb.items() if pid in owned or child_of(pid, owned))
             external = max(0.0, r.used_gb - mine)
             budget = self.budget(device, r.total_gb)
             free = budget - reserved
@@ -258,7 +214,7 @@ class Ledger:
     def _try_reserve(self, h: Holding, readings: dict[str, Reading]) -> Holding:
         """Admit `h` and record it, or raise CapacityError (caller holds self._cond)."""
         owner = h.owner
-        with self._file_lock():  # held from reading the others' holdings to writing ours: no cross-server race
+        with self.file.lock():  # held from reading the others' holdings to writing ours: no cross-server race
             self._sync()
             self._prune()
             if owner in self._holdings:
@@ -435,7 +391,7 @@ class Ledger:
             accounts = self._accounts(readings)
             holdings = [self._measured(h, readings) for h in self._all().values()]
             queued = list(self._queue)
-        return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=_drift(holdings))
+        return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=drift(holdings))
 
     def _measured(self, h: Holding, readings: dict[str, Reading]) -> Holding:
         """A worker's own memory per device (its process tree); in-process holdings share the server's."""
@@ -451,29 +407,6 @@ class Ledger:
         with self._cond:
             pids = self._owned_pids()
         return self.read(pids)
-
-
-def _child_of(pid: int, owned: set[int]) -> bool:
-    """Worker ranks and helpers of an owned process (its descendants) count as gpubox's own."""
-    import psutil
-
-    try:
-        return any(p.pid in owned for p in psutil.Process(pid).parents())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _drift(holdings: list[Holding]) -> list[str]:
-    out = []
-    for h in holdings:
-        for device, gb in (h.measured_gb or {}).items():
-            reserved = h.devices.get(device, 0.0)
-            if gb > reserved * 1.25 + 0.25:
-                out.append(
-                    f"{h.owner} uses {gb:.2f} GB on {device}, above its {reserved:.2f} GB reservation: the estimate "
-                    "was low, so the box may be over-committed"
-                )
-    return out
 
 
 def _r(x: float) -> float:

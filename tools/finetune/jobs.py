@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.finetune.schemas import ACTIVE, JobState
 
 SCHEMA = """
@@ -111,7 +110,7 @@ class JobStore:
             return cur.rowcount == 1
 
     def set_process(self, job_id: str, pid: int) -> None:
-        self.update(job_id, pid=pid, pid_started=process_start(pid))
+        self.update(job_id, pid=pid, pid_started=start_time(pid))
 
     def finish(
         self, job_id: str, state: JobState, error: str | None = None, result: dict[str, Any] | None = None
@@ -124,13 +123,13 @@ class JobStore:
     def reconcile(self, job_id: str) -> dict[str, Any] | None:
         """The job row, after marking an active job whose process is gone as failed (with its log tail)."""
         row = self.get(job_id)
-        if row is None or row["state"] not in ACTIVE or alive(row["pid"], row["pid_started"]):
+        if row is None or row["state"] not in ACTIVE or pid_alive(row["pid"], row["pid_started"]):
             return row
         if row["pid"] is None:  # between its creation and its spawn: being started, not dead
             return row
         time.sleep(0.2)  # the worker may be committing its final state right now
         row = self.get(job_id)
-        if row is None or row["state"] not in ACTIVE or alive(row["pid"], row["pid_started"]):
+        if row is None or row["state"] not in ACTIVE or pid_alive(row["pid"], row["pid_started"]):
             return row
         # a multi-rank job's lead records what it saw and leaves the state to this point, when the launcher has
         # exited and logged which rank failed first
@@ -143,25 +142,6 @@ class JobStore:
 
     def active(self) -> list[dict[str, Any]]:
         return [r for jid in self.ids() if (r := self.reconcile(jid)) and r["state"] in ACTIVE]
-
-
-def process_start(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def alive(pid: int | None, started: float | None) -> bool:
-    if not pid:
-        return False
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(p.create_time() - started) < 1.0
-    except psutil.Error:
-        return False
 
 
 def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -202,7 +182,7 @@ def exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
 
 def gone(pid: int, started: float | None, timeout: float) -> bool:
     """For a worker this process did not start (it outlived a restart): poll its liveness."""
-    if not alive(pid, started):
+    if not pid_alive(pid, started):
         return True
     time.sleep(timeout)  # no handle to wait on a process that is not our child
-    return not alive(pid, started)
+    return not pid_alive(pid, started)

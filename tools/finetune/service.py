@@ -21,10 +21,11 @@ from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
+from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, alive, exited, gone, log_tail, read_metrics
+from gpubox.tools.finetune.jobs import JobStore, exited, gone, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
 from gpubox.tools.finetune.status import next_step, read_status
@@ -304,7 +305,7 @@ class Finetuner:
         """At start: settle jobs that finished while no server watched them; watch workers that outlived one."""
         for row in self.store.all():
             try:
-                if row["state"] in ACTIVE and alive(row["pid"], row["pid_started"]):
+                if row["state"] in ACTIVE and pid_alive(row["pid"], row["pid_started"]):
                     pid, started = row["pid"], row["pid_started"]
                     self._watch(row["id"], lambda t, p=pid, s0=started: gone(p, s0, t))
                 elif not row["calibrated"] or not row["probe_calibrated"]:
@@ -368,7 +369,7 @@ class Finetuner:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and alive(pid, row["pid_started"]):
+        while time.monotonic() < deadline and pid_alive(pid, row["pid_started"]):
             time.sleep(0.5)
         return self.status(job_id)
 

@@ -1,0 +1,91 @@
+"""The ledger's state file: one JSON file every gpubox server on the box shares, under a file lock.
+
+Several servers may run at once (each MCP client may start its own over stdio). Each keeps its own holdings
+and rewrites only those; the others' are re-read under the lock before every admission, so two servers cannot
+both take the last gigabyte. A holding names the server that made it (`server_pid`) and the process that holds
+the memory (`pid`): what a live worker or engine holds outlives its server and is taken over by the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from gpubox.tools.box.capacity import pid_alive
+from gpubox.tools.box.schemas import Holding
+
+log = logging.getLogger("gpubox.box")
+
+
+class LedgerFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def read(self) -> list[Holding]:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            return [Holding.model_validate(h) for h in raw.get("holdings", [])]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, AttributeError) as exc:  # damaged: must not stop the server; say why
+            log.warning("memory ledger %s unreadable (%s); taking it as empty", self.path, exc)
+            return []
+
+    def write(self, mine: Iterable[Holding]) -> None:
+        """Replace this server's holdings in the file, keeping live servers' (caller holds the lock)."""
+        others = [h for h in self.read() if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None)]
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
+        data = {"holdings": [h.model_dump(mode="json") for h in [*others, *mine]]}
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def adopted_at_start(held: Iterable[Holding]) -> list[Holding]:
+    """What a starting server takes over: holdings of no live server whose process still runs. A previous
+    server's in-process holdings died with it (a model is not loaded after a restart); what a live worker
+    process holds is still held, now by this server."""
+    out = []
+    for h in held:
+        if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None):
+            continue  # another live server's
+        if h.pid not in (os.getpid(), h.server_pid) and pid_alive(h.pid, h.pid_started):
+            out.append(h.model_copy(update={"server_pid": os.getpid()}))
+    return out
+
+
+def orphans(held: Iterable[Holding], mine: dict[str, Holding]) -> list[Holding]:
+    """Workers or engines of a server that died while running: this server takes them over."""
+    return [
+        h.model_copy(update={"server_pid": os.getpid()})
+        for h in held
+        if h.server_pid not in (None, os.getpid())
+        and not pid_alive(h.server_pid, None)
+        and h.pid != h.server_pid
+        and pid_alive(h.pid, h.pid_started)
+        and h.owner not in mine
+    ]
+
+
+def others(held: Iterable[Holding]) -> dict[str, Holding]:
+    """Other live servers' live holdings, named with their server so owners never collide."""
+    return {
+        f"{h.owner} [gpubox {h.server_pid}]": h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"})
+        for h in held
+        if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None) and pid_alive(h.pid, h.pid_started)
+    }
