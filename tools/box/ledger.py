@@ -345,6 +345,7 @@ class Ledger:
         pid: int | None = None,
         source: str | None = None,
         pinned: bool | None = None,
+        measured: dict[str, float] | None = None,
     ) -> Holding | None:
         """Change a holding in place: a measured size replaces the estimate, a worker's pid replaces the server's."""
         with self._cond:
@@ -360,6 +361,8 @@ class Ledger:
                 changes["source"] = source
             if pinned is not None:
                 changes["pinned"] = pinned
+            if measured is not None:  # what in-process work measured (a worker's is read from its processes)
+                changes["measured_gb"] = _rounded(measured) or {d: 0.0 for d in measured}
             h = h.model_copy(update=changes)
             self._holdings[owner] = h
             self._save()

@@ -14,25 +14,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from gpubox.errors import CapacityError, InvalidInputError, NotFoundError, UnknownNameError
-from gpubox.paths import open_inside
+from gpubox.errors import CapacityError, InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
+from gpubox.tools.inference.measure import LoadMeasurements, config_key, with_last_load
 from gpubox.tools.inference.planning import Backend, open_backend, plan
 from gpubox.tools.inference.registry import (
     DEFAULT_MODEL,
     Discovered,
     MetaCache,
+    base_of,
+    check_files,
     describe,
     discover,
-    inside_roots,
-    is_hf_folder,
 )
 from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
@@ -85,6 +86,8 @@ class ModelManager:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a request finished or a load ended
         self._loading: dict[str, float] = {}  # key -> GB reserved while its backend is being built
+        self._loads_started = 0  # a load is measured only if no other started while it ran (see measure.py)
+        self.measured = LoadMeasurements(settings.state_dir)
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="gpubox-keepalive", daemon=True)
         self._reaper.start()
@@ -125,25 +128,7 @@ class ModelManager:
 
     def base_of(self, adapter: Discovered) -> Discovered:
         """The base model a LoRA adapter was trained on, among the models here."""
-        base = adapter.base_model or ""
-        found = self.discovered()
-        if base.startswith("/") and "\x00" not in base:
-            p = Path(base)
-            # fine-tuning keeps its base models in gpubox's own state dir, outside the model dirs
-            own = (self.finetune / "base").resolve()
-            resolved = p.resolve()
-            if resolved.is_relative_to(own) and is_hf_folder(resolved):
-                return Discovered(resolved.name.lower(), resolved, "hf")
-            for d in found.values():
-                if d.format != "lora" and d.path.resolve() == resolved:
-                    return d
-        for cand in (base.rstrip("/").split("/")[-1].lower(), Path(base).name.lower()):
-            if cand in found and found[cand].format != "lora":
-                return found[cand]
-        raise NotFoundError(
-            f"adapter {adapter.name} was trained on '{base}', which is not among the models here; "
-            "put the base model in a model dir"
-        )
+        return base_of(adapter, self.discovered(), self.finetune / "base")
 
     # --- load / unload --------------------------------------------------------------------------
     def load(
@@ -188,17 +173,25 @@ class ModelManager:
             if if_absent and key in self.resident:
                 return None
             self._loading[key] = 0.0
+            self._loads_started += 1
         try:
             self.unload(key, missing_ok=True)
             self._check_files(d, adapter_d)
             p = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
+            mkey = config_key(d, p, adapter_d, quantization)
+            p = with_last_load(p, self.measured.known(mkey))
             evicted = self._make_room(key, p.estimated_memory_gb)
             evicted += self._reserve(key, p, pin)
             try:
-                be = open_backend(self.settings, d, adapter_d, chosen, p, kv_cache_type, quantization)
+                be, used = self.measured.around(
+                    lambda: open_backend(self.settings, d, adapter_d, chosen, p, kv_cache_type, quantization),
+                    alone=self._alone(key, self._loads_started),
+                )
             except BaseException:
                 self.ledger.release(owner_of(key))
                 raise
+            if used is not None:
+                self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(p), used)
             keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
             r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin)
             with self._lock:
@@ -209,6 +202,15 @@ class ModelManager:
                 self._changed.notify_all()
         entry = self.entry(adapter_d or d)
         return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+
+    def _alone(self, key: str, started: int) -> Callable[[], bool]:
+        """Whether the load of `key` is the only one in flight and none started since `started`."""
+
+        def alone() -> bool:
+            with self._lock:
+                return set(self._loading) == {key} and self._loads_started == started
+
+        return alone
 
     def _resolve(
         self, name: str, backend: Literal["auto", "llama.cpp", "transformers"], adapter: str | None
@@ -234,6 +236,7 @@ class ModelManager:
         would evict to make room (empty when it fits as is or cannot fit at all)."""
         d, adapter_d, chosen = self._resolve(name, "auto", None)
         p = plan(self.settings, self.meta, d, chosen, context_length, None, "f16")
+        p = with_last_load(p, self.measured.known(config_key(d, p, adapter_d, None)))
         adm = self.ledger.check(ledger_needs(p))
         if adm.fits:
             return p, adm, []
@@ -243,19 +246,7 @@ class ModelManager:
         return p, adm, [r.name for r in victims or []]
 
     def _check_files(self, d: Discovered, adapter_d: Discovered | None) -> None:
-        """Re-resolve right before opening: refuse what left the roots; name the file and problem if broken."""
-        roots = self.roots()
-        if d.format == "gguf":
-            with open_inside(inside_roots(d.path, roots), roots, what="model file") as fh:
-                magic = fh.read(4)
-            if magic != b"GGUF":
-                raise InvalidInputError(f"{d.path} is not a GGUF file (it does not start with 'GGUF')")
-        else:
-            inside_roots(d.path, roots, what="model folder")
-            self.meta.json_file(d.path / "config.json")
-        if adapter_d is not None:
-            inside_roots(adapter_d.path, roots, what="adapter folder")
-            self.meta.json_file(adapter_d.path / "adapter_config.json")
+        check_files(d, adapter_d, self.roots(), self.meta)
 
     def _make_room(self, key: str, need_gb: float) -> list[str]:
         budget = self.settings.infer_memory_budget_gb

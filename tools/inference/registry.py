@@ -235,3 +235,38 @@ def describe(meta: MetaCache, d: Discovered, loaded: LoadedInfo | None) -> Model
         loaded=loaded,
         problem=problem,
     )
+
+
+def base_of(adapter: Discovered, found: dict[str, Discovered], finetune_bases: Path) -> Discovered:
+    """The base model a LoRA adapter was trained on, among `found` (or an HF base fine-tuning keeps in gpubox's
+    own state dir, `finetune_bases`, outside the model dirs)."""
+    base = adapter.base_model or ""
+    if base.startswith("/") and "\x00" not in base:
+        resolved = Path(base).resolve()
+        if resolved.is_relative_to(finetune_bases.resolve()) and is_hf_folder(resolved):
+            return Discovered(resolved.name.lower(), resolved, "hf")
+        for d in found.values():
+            if d.format != "lora" and d.path.resolve() == resolved:
+                return d
+    for cand in (base.rstrip("/").split("/")[-1].lower(), Path(base).name.lower()):
+        if cand in found and found[cand].format != "lora":
+            return found[cand]
+    raise NotFoundError(
+        f"adapter {adapter.name} was trained on '{base}', which is not among the models here; "
+        "put the base model in a model dir"
+    )
+
+
+def check_files(d: Discovered, adapter_d: Discovered | None, roots: list[Path], meta: MetaCache) -> None:
+    """Re-resolve right before opening: refuse what left the roots; name the file and problem if broken."""
+    if d.format == "gguf":
+        with open_inside(inside_roots(d.path, roots), roots, what="model file") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise InvalidInputError(f"{d.path} is not a GGUF file (it does not start with 'GGUF')")
+    else:
+        inside_roots(d.path, roots, what="model folder")
+        meta.json_file(d.path / "config.json")
+    if adapter_d is not None:
+        inside_roots(adapter_d.path, roots, what="adapter folder")
+        meta.json_file(adapter_d.path / "adapter_config.json")
