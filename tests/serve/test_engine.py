@@ -1,5 +1,6 @@
-"""The real vLLM engine on this CPU, through the MCP tools: SmolLM2 served from its HF copy, chat and completion
-routed to it, a JSON schema obeyed, four clients batched, attach, bad input, a killed engine, a graceful stop.
+"""The real vLLM engine on this CPU, through the MCP tools: SmolLM2 served from its HF copy with a LoRA adapter on
+top (a fine-tuning adapter's layout), chat and completion routed to it, a JSON schema obeyed, four clients batched,
+attach, bad input, a killed engine, a graceful stop.
 
 One engine serves the module (start-up is about a minute); a second, started at the same time, is killed to show
 how a dead engine is reported. Skipped with the reason when no Python with vLLM is found (CI installs one with
@@ -12,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,34 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.settings import Settings
 from tests.conftest import ROOT, call_err, call_ok, requires_train, wait_until
-from tests.finetune.conftest import link_base
+from tests.finetune.conftest import BASE_NAME, link_base
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, requires_train]
 ENGINE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = "smollm2-135m-instruct"
+ADAPTER = "ft-colours"
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def make_adapter(state: Path) -> None:
+    """A LoRA adapter on the linked HF base, where fine-tuning leaves its adapters, with random (not zero) B
+    matrices so that it visibly changes the base's answers."""
+    import peft
+    import torch
+    import transformers
+
+    base = state / "finetune" / "base" / BASE_NAME
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    tuned = peft.get_peft_model(model, cfg)
+    torch.manual_seed(0)
+    for name, p in tuned.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    tuned.peft_config["default"].base_model_name_or_path = str(base)  # absolute, as a trainer writes it
+    with warnings.catch_warnings():  # peft looks the base name up on a hub to check the vocabulary
+        warnings.simplefilter("ignore")
+        tuned.save_pretrained(str(state / "finetune" / "adapters" / ADAPTER))
 
 
 def engine_python() -> Path:
@@ -50,11 +74,13 @@ def box(tmp_path_factory: pytest.TempPathFactory, hf_base: Path) -> Iterator[tup
     root = tmp_path_factory.mktemp("serve")
     link_base(hf_base, root / "state")
     settings = Settings.load(state_dir=root / "state", allowed_roots=[root], serve_python=engine_python())
+    make_adapter(settings.state_dir)
     mcp = build_server(settings)
 
     async def start() -> dict[str, Any]:
         async with Client(mcp) as c:
-            main = await call_ok(c, "serve_start", model=MODEL, enforce_eager=True, kv_cache_space_gb=1)
+            # the main engine serves the base under its own name and the adapter on top (vLLM --enable-lora)
+            main = await call_ok(c, "serve_start", model=ADAPTER, name=MODEL, enforce_eager=True, kv_cache_space_gb=1)
             doomed = await call_ok(
                 c, "serve_start", model=MODEL, name="doomed", enforce_eager=True, kv_cache_space_gb=1
             )
@@ -74,7 +100,7 @@ async def test_the_engine_starts_with_a_plan_and_holds_its_memory_in_the_ledger(
     mcp, engines = box
     st = engines["main"]
     assert st["state"] == "ready" and st["healthy"], st
-    assert st["served_models"] == [MODEL] and st["base_url"].startswith("http://127.0.0.1:")
+    assert st["served_models"] == [MODEL, ADAPTER] and st["base_url"].startswith("http://127.0.0.1:")
     plan = st["plan"]
     assert plan["device"] == "cpu" and plan["kv_cache_space_gb"] == 1 and plan["enforce_eager"]
     assert "vllm.entrypoints.openai.api_server" in plan["command"] and plan["reasons"]
@@ -110,6 +136,18 @@ async def test_chat_and_completion_for_the_served_name_go_to_the_engine_and_stre
     async with Client(mcp) as c:
         models = await call_ok(c, "infer_models")
     assert all(m["loaded"] is None for m in models["models"])
+
+
+async def test_a_fine_tuned_adapter_is_served_on_its_base_by_name(box: Any) -> None:
+    mcp, engines = box
+    assert any(f"LoRA adapter {ADAPTER} (rank 8)" in r for r in engines["main"]["plan"]["reasons"])
+    async with Client(mcp) as c:
+        base = await call_ok(c, "infer_chat", model=MODEL, messages=PARIS, max_tokens=16, temperature=0)
+        tuned = await call_ok(c, "infer_chat", model=ADAPTER, messages=PARIS, max_tokens=16, temperature=0)
+        served = {m["name"]: m for m in (await call_ok(c, "infer_models"))["served"]}
+    assert tuned["model"] == ADAPTER and tuned["completion_tokens"] > 0
+    assert tuned["text"] != base["text"], (base["text"], tuned["text"])  # the adapter's weights took part
+    assert served[ADAPTER]["engine_id"] == served[MODEL]["engine_id"] == engines["main"]["id"]
 
 
 async def test_a_json_schema_is_obeyed_through_structured_outputs(box: Any) -> None:
@@ -160,7 +198,7 @@ async def test_attach_routes_an_existing_server_and_never_stops_it(box: Any, tmp
             wrong = await call_err(c, "serve_attach", base_url=main["base_url"], api_key="wrong-key")
             assert "refused the API key" in wrong
             att = await call_ok(c, "serve_attach", base_url=main["base_url"], api_key=main["api_key"])
-            assert att["state"] == "attached" and att["healthy"] and att["served_models"] == [MODEL]
+            assert att["state"] == "attached" and att["healthy"] and att["served_models"] == [MODEL, ADAPTER]
             out = await call_ok(c, "infer_chat", model=MODEL, messages=PARIS, max_tokens=24, temperature=0)
             assert "Paris" in out["text"]
             detached = await call_ok(c, "serve_stop", engine_id=att["id"])

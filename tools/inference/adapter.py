@@ -60,10 +60,11 @@ def register(mcp: MCPServer[Any]) -> None:
         context and where each is loaded; `served`: models that engines serve."""
         state = app_state(ctx)
         result = manager(state).list()
-        result.served = [
-            ServedModel(name=r.model, engine=r.engine, engine_id=r.id, base_url=r.base_url, state=r.state)
+        result.served = [  # a LoRA adapter an engine serves on its base is a model of its own to callers
+            ServedModel(name=name, engine=r.engine, engine_id=r.id, base_url=r.base_url, state=r.state)
             for r in services.serve(state).engines.records()
             if r.state != "stopped"
+            for name in (r.model, *r.aliases)
         ]
         return result
 
