@@ -277,6 +277,25 @@ async def test_a_killed_engine_is_reported_failed_with_its_log_and_its_memory_re
     assert f"engine {doomed['id']}" not in owners
 
 
+async def test_two_cpu_ranks_serve_one_model_in_pipeline(box: Any) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable CPU cores for 2 engine ranks")
+    mcp, _ = box
+    async with Client(mcp) as c:
+        st = await call_ok(
+            c, "serve_start", model=MODEL, name="two-ranks", pipeline_parallel_size=2, enforce_eager=True,
+            kv_cache_space_gb=1,
+        )  # fmt: skip
+        try:
+            assert "--pipeline-parallel-size" in st["plan"]["command"] and not st["plan"]["enforce_eager"]
+            st = await follow(c, st["id"])
+            assert st["state"] == "ready", st
+            out = await call_ok(c, "infer_complete", model="two-ranks", prompt="The capital of France is", max_tokens=8)
+        finally:
+            await call_ok(c, "serve_stop", engine_id=st["id"])
+    assert "Paris" in out["text"], out
+
+
 async def test_serve_stop_ends_the_engine_gracefully_and_releases_its_memory(box: Any) -> None:
     mcp, engines = box
     main = engines["main"]

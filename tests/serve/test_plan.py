@@ -3,6 +3,8 @@ CPU, one and two GPUs and two nodes (Ray), from real model shapes in the estimat
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpubox.errors import CapacityError, InvalidInputError
@@ -85,3 +87,27 @@ def test_pipeline_stages_on_one_node_reserve_every_gpu_they_run_on_and_never_mor
     assert set(plan.memory_gb) == {"cuda:0", "cuda:1", "host"}  # stage 2 runs on cuda:1: reserved too
     assert all(plan.memory_gb[f"cuda:{i}"] <= g.free_gb for i, g in enumerate(gpus))  # the ledger can admit it
     assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+
+
+def test_cpu_ranks_get_a_core_each_their_own_kv_space_and_runtime_and_pipeline_stages_compile() -> None:
+    s = shape("llama-3.1-8b")  # 32 heads, 32 layers
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs 2 usable CPU cores for a 2-rank plan")
+    o = Overrides(pipeline_parallel_size=2, enforce_eager=True, kv_cache_space_gb=2)
+    plan, args = plan_engine(s, 16.0, "bfloat16", [], host_free_gb=64.0, default_len=2048, o=o)
+    assert plan.pipeline_parallel_size == 2 and args[-2:] == ["--pipeline-parallel-size", "2"]
+    assert plan.memory_gb["host"] == pytest.approx(16.0 + 2 * (2 + CPU_RUNTIME_GB))  # KV space and runtime per rank
+    assert not plan.enforce_eager and "--enforce-eager" not in args  # vLLM's CPU pipeline fails in eager mode
+    first, second = plan.env["VLLM_CPU_OMP_THREADS_BIND"].split("|")  # the usable cores split between the ranks
+    assert set(first.split(",")).isdisjoint(second.split(",")) and len(first.split(",")) == cores // 2
+    assert any("enforce_eager off" in r for r in plan.reasons) and any("2 CPU ranks" in r for r in plan.reasons)
+    tp, _ = plan_engine(s, 16.0, "bfloat16", [], 64.0, 2048, Overrides(tensor_parallel_size=2, enforce_eager=True))
+    assert tp.tensor_parallel_size == 2 and tp.enforce_eager
+    with pytest.raises(InvalidInputError, match=f"needs {2 * cores} CPU cores; {cores} are usable"):
+        too_many = Overrides(tensor_parallel_size=2, pipeline_parallel_size=cores)
+        plan_engine(s, 16.0, "bfloat16", [], 64.0, 2048, too_many)
+    with pytest.raises(InvalidInputError, match="does not divide the model's 9 attention heads"):
+        plan_engine(shape("smollm2-135m"), 0.3, "bfloat16", [], 64.0, 2048, Overrides(tensor_parallel_size=2))
+    with pytest.raises(InvalidInputError, match="nodes > 1 needs GPUs"):
+        plan_engine(s, 16.0, "bfloat16", [], 64.0, 2048, Overrides(nodes=2))

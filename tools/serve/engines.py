@@ -220,6 +220,8 @@ class EngineManager:
         assert rec.plan is not None and rec.log_path is not None
         env = {**os.environ, **rec.plan.env, "VLLM_API_KEY": key, "HF_HUB_OFFLINE": "1"}
         env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1")
+        # vLLM's compile cache and other files in gpubox's state dir, not under the user's home
+        env.setdefault("VLLM_CACHE_ROOT", str(self.settings.state_dir / "engines" / "cache"))
         with open(rec.log_path, "ab") as logf:
             return subprocess.Popen(
                 rec.plan.command,

