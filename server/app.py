@@ -46,10 +46,10 @@ class GpuboxServer(MCPServer[AppState]):
         self._parameters: dict[str, set[str]] | None = None  # per tool, the names its signature takes
 
     async def full_schemas(self) -> dict[str, dict[str, Any]]:
-        """Every tool's compact input schema with all its parameters (nothing folded into `more`)."""
+        """Every tool's input schema with all its parameters (nothing folded into `more`) and every bound."""
         from gpubox.schema_compact import compact
 
-        return {t.name: compact(t.input_schema) for t in await super().list_tools()}
+        return {t.name: compact(t.input_schema, guards=True) for t in await super().list_tools()}
 
     async def list_tools(self) -> list[MCPTool]:
         """The SDK's tools/list with compact input schemas (gpubox.schema_compact: same constraints, fewer tokens)
@@ -75,7 +75,7 @@ class GpuboxServer(MCPServer[AppState]):
         from gpubox.errors import InvalidInputError
         from gpubox.registry import folded_parameters
 
-        if self._parameters is None:  # tools are fixed once build_server returns
+        if self._parameters is None or name not in self._parameters:  # built once; again for a tool added later
             self._parameters = {n: set(s.get("properties", {})) for n, s in (await self.full_schemas()).items()}
         if name in self._parameters:
             try:

@@ -32,7 +32,8 @@ def fold(tool: str, schema: dict[str, Any], folded: Iterable[str]) -> dict[str, 
     if not hidden:
         return schema
     required = set(schema.get("required", []))
-    assert not required & set(hidden), f"{tool}: a required parameter cannot be folded into '{MORE}'"
+    if required & set(hidden):
+        raise ValueError(f"{tool}: a required parameter cannot be folded into '{MORE}'")
     shown = {k: v for k, v in props.items() if k not in hidden}
     shown[MORE] = {
         "type": "object",
@@ -56,7 +57,7 @@ def unfold(tool: str, arguments: Mapping[str, Any], known: Iterable[str], folded
         for key, value in extra.items():
             if key not in folded_list:
                 hint = "" if key not in known_set else f"'{key}' is a top-level argument of {tool}; pass it there."
-                raise UnknownNameError(f"setting in '{MORE}'", str(key), folded_list, hint)
+                raise UnknownNameError(f"setting in '{MORE}'", str(key)[:64], folded_list, hint)
             if key in args:
                 raise InvalidInputError(f"'{key}' is given twice, at the top level and in '{MORE}'; give it once")
             args[key] = value

@@ -57,9 +57,13 @@ class Ledger:
     def _sync(self) -> None:
         """Refresh the other servers' holdings (caller holds self._cond and the file lock)."""
         held = self.file.read()
-        for h in orphans(held, self._holdings):
+        adopted = orphans(held, self._holdings)
+        for h in adopted:
             self._holdings[h.owner] = h
             self.restored.append(h.owner)
+        if adopted:  # written now, so a second live server does not adopt the same orphan too
+            self._save_locked()
+            held = self.file.read()
         self._others = others(held)
 
     def _save(self) -> None:

@@ -242,9 +242,15 @@ class Finetuner:
                 start_new_session=True,  # its own process group: survives the server, cancel signals the group
             )
         # the worker holds the memory from now on; updated before the row shows the pid, so a caller that sees
-        # the pid also sees the worker holding the memory
-        self.ledger.update(admission.owner(job_id), pid=proc.pid)
-        self.store.set_process(job_id, proc.pid)
+        # the pid also sees the worker holding the memory. A worker nobody could track or cancel must not run on.
+        try:
+            self.ledger.update(admission.owner(job_id), pid=proc.pid)
+            self.store.set_process(job_id, proc.pid)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
         # that stops while the job trains on does not warn about a child still running
         self._watch(job_id, lambda timeout: exited(proc, timeout))
@@ -362,6 +368,8 @@ class Finetuner:
             time.sleep(0.1)
             row = self.row(job_id)
             pid = row["pid"]
+        if pid is None and row["state"] not in ACTIVE:  # it ended (its start failed) while we waited
+            return self.status(job_id)
         if pid is None:
             raise BusyError(f"job {job_id} is being started; cancel it again in a few seconds")
         # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed

@@ -177,9 +177,9 @@ class ModelManager:
         try:
             self.unload(key, missing_ok=True)
             self._check_files(d, adapter_d)
-            p = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
-            mkey = config_key(d, p, adapter_d, quantization)
-            p = with_last_load(p, self.measured.known(mkey))
+            estimate = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
+            mkey = config_key(d, estimate, adapter_d, quantization)
+            p = with_last_load(estimate, self.measured.known(mkey))
             evicted = self._make_room(key, p.estimated_memory_gb)
             evicted += self._reserve(key, p, pin)
             try:
@@ -190,8 +190,8 @@ class ModelManager:
             except BaseException:
                 self.ledger.release(owner_of(key))
                 raise
-            if used is not None:
-                self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(p), used)
+            if used is not None:  # judged against the estimate, not a figure remembered from an earlier load
+                self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(estimate), used)
             keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
             r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin)
             with self._lock:

@@ -82,10 +82,13 @@ class LoadMeasurements:
         with self._lock:
             data = self._all()
             data[key] = {d: round(gb, 3) for d, gb in used.items()}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-            os.replace(tmp, self.path)
+            self._write(data)
+
+    def _write(self, data: dict[str, dict[str, float]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
 
     def around(self, open_it: Callable[[], T], alone: Callable[[], bool]) -> tuple[T, dict[str, float] | None]:
         """`open_it()`, and how much this process grew per device meanwhile; None when another load ran too
@@ -99,15 +102,27 @@ class LoadMeasurements:
 
     def settle(self, ledger: Ledger, owner: str, key: str, needs: dict[str, float], used: dict[str, float]) -> None:
         """Put the figure on the holding (box_plan warns when it is above the reservation); keep it for the next
-        load of this configuration when it is above the estimate."""
+        load of this configuration when it is above the estimate `needs`, forget an older one when it is not.
+        A failure to write is logged: the model is loaded and its reservation stands either way."""
         used = {d: gb for d, gb in used.items() if d in needs}
-        ledger.update(owner, measured=used)
-        if sum(used.values()) > sum(needs.values()) * ABOVE:
-            log.warning(
-                "%s took %.2f GB, above its %.2f GB estimate; the next load of it reserves that",
-                owner, sum(used.values()), sum(needs.values()),
-            )  # fmt: skip
-            self.record(key, used)
+        try:
+            ledger.update(owner, measured=used)
+            if sum(used.values()) > sum(needs.values()) * ABOVE:
+                log.warning(
+                    "%s took %.2f GB, above its %.2f GB estimate; the next load of it reserves that",
+                    owner, sum(used.values()), sum(needs.values()),
+                )  # fmt: skip
+                self.record(key, used)
+            else:
+                self.forget(key)
+        except OSError as exc:
+            log.warning("could not record what %s took (%s); its next load reserves the estimate", owner, exc)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            data = self._all()
+            if data.pop(key, None) is not None:
+                self._write(data)
 
 
 def with_last_load(p: LoadPlan, known: dict[str, float] | None) -> LoadPlan:
