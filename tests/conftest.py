@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import os
 import socket
@@ -10,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -240,3 +242,16 @@ def http_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A real `gpubox serve --transport http` on a free loopback port with a token."""
     with running_http_server(tmp_path) as (base, token, _, _):
         yield base, token
+
+
+def load_bench_script(folder: Path, name: str) -> ModuleType:
+    """bench/<folder>/<name>.py as a module. bench/ is not a package: each script is loaded under a name unique to
+    its folder (so nothing shadows a real module), with its folder on sys.path (scripts import their siblings)."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    spec = importlib.util.spec_from_file_location(f"{folder.name}_{name}", folder / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module

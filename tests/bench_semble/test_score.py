@@ -4,37 +4,22 @@ Fast and model-free: nothing here needs semble's snapshot, a corpus or the netwo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_bench_script
 
 EVAL = ROOT / "bench" / "semble_eval"
 
 
-def _load(name: str) -> ModuleType:
-    # bench/ is not a package; the scripts import their siblings (split, upstream) by name from their own folder
-    if str(EVAL) not in sys.path:
-        sys.path.insert(0, str(EVAL))
-    spec = importlib.util.spec_from_file_location(f"semble_eval_{name}", EVAL / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-score = _load("score")
-split = _load("split")
-fetch_repos = _load("fetch_repos")
+score = load_bench_script(EVAL, "score")
+split = load_bench_script(EVAL, "split")
+fetch_repos = load_bench_script(EVAL, "fetch_repos")
 
 
 def q(relevant: list, secondary: list | None = None, query: str = "how does routing work") -> dict:

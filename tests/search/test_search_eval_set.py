@@ -3,37 +3,24 @@ the fetched code bases, and the harness's pieces (digest check, extraction, BM25
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
-import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_bench_script
 
 EVAL = ROOT / "bench" / "search_eval"
 
 
-def _load(name: str) -> ModuleType:
-    # bench/ is not a package; load each script under a unique name so nothing shadows a real module
-    spec = importlib.util.spec_from_file_location(f"search_eval_{name}", EVAL / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-fetch = _load("fetch")
-evalset = _load("evalset")
-bm25 = _load("bm25")
+fetch = load_bench_script(EVAL, "fetch")
+evalset = load_bench_script(EVAL, "evalset")
+bm25 = load_bench_script(EVAL, "bm25")
 QUERY_FILES = sorted((EVAL / "queries").glob("*.jsonl"))
 SPECS = {s.name: s for s in fetch.load_specs()}
 COMMENT = re.compile(r"^\s*(#|//|/\*|\*|--)")
