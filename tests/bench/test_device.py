@@ -91,3 +91,22 @@ async def test_a_running_finetune_job_makes_the_benchmark_refuse_naming_it(
     store.finish("job-abc", "completed")
     data = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": 16})
     assert data["status"] == "complete"
+
+
+async def test_a_benchmark_that_took_more_than_its_estimate_reserves_that_next_time(
+    bench_client: Client, server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpubox import services
+    from gpubox.app import state_of
+    from gpubox.tools.bench import footprint
+
+    monkeypatch.setattr(footprint, "TORCH_PROCESS_GB", 0.01)  # an estimate far below what a torch worker takes
+    await call_ok(bench_client, "bench_device", **CPU_DEVICE)
+    st = state_of(server)
+    stored = json.loads((st.settings.state_dir / "box" / "footprints.json").read_text(encoding="utf-8"))
+    ((key, took),) = [(k, v) for k, v in stored.items() if k.startswith("bench|device|host|")]
+    assert took["host"] > 0.1  # the worker's own peak RSS: the torch runtime and the bandwidth buffers
+    params = json.loads(key.split("|", 3)[3])
+    bench = services.bench(st)
+    assert bench.needs("device", params)["host"] < 0.2
+    assert bench.expected("device", params) == {"host": took["host"]}  # the next run of this shape reserves it

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from gpubox import services
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.settings import Settings
@@ -210,3 +211,26 @@ async def test_box_plan_says_whether_a_served_engine_would_fit_before_anything_s
         state_of(roomy).close()
     assert ok["admission"]["fits"] and ok["plan"]["max_model_len"] == 1024 and ok["plan"]["device"] == "cpu"
     assert ok["admission"]["needs"]["host"] == ok["plan"]["memory_gb"]["host"]
+
+
+@requires_models
+async def test_an_engine_configuration_that_took_more_than_planned_reserves_that_next_time(tmp_path: Path) -> None:
+    from gpubox.tools.serve.plan import Overrides, footprint_key
+
+    mcp = build_server(Settings.load(state_dir=tmp_path / "r", allowed_roots=[tmp_path]))
+    try:
+        st = state_of(mcp)
+        base, sp, args = services.serve(st).plan("smollm2-135m-instruct", Overrides(max_model_len=1024))
+        planned = sp.memory_gb["host"]
+        # what the box ledger keeps when a running engine of this configuration measured above its plan
+        services.ledger(st).footprints.record(footprint_key(base.hf_path, args), {"host": planned + 1.5})
+        async with Client(mcp) as c:
+            ok = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=1024)
+            other = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=512)
+    finally:
+        state_of(mcp).close()
+    assert ok["plan"]["memory_gb"]["host"] == pytest.approx(planned + 1.5)
+    assert ok["plan"]["estimate_gb"] == {"host": planned}
+    assert ok["admission"]["needs"]["host"] == pytest.approx(planned + 1.5)
+    assert "what this configuration took when it last ran" in ok["plan"]["reasons"][-1]
+    assert other["plan"]["estimate_gb"] is None  # another configuration keeps its estimate

@@ -87,10 +87,10 @@ def test_only_a_load_alone_is_measured_and_only_a_figure_above_the_estimate_is_k
     assert with_last_load(plan, m.known("cfg")).estimated_memory_gb == 1.6
     m.settle(ledger, "model x", "cfg", {"host": 1.0}, {"host": 0.9})  # judged against the estimate: forgotten
     assert m.known("cfg") is None
-    m.path.unlink()
-    m.path.mkdir()  # a file that cannot be written (even by root): the load stands, its figure is not kept
+    m.store.path.unlink()
+    m.store.path.mkdir()  # a file that cannot be written (even by root): the load stands, its figure is not kept
     m.settle(ledger, "model x", "cfg", {"host": 1.0}, {"host": 3.0})
     assert m.known("cfg") is None and ledger.holding("model x").measured_gb == {"host": 3.0}  # type: ignore[union-attr]
-    m.path.rmdir()
+    m.store.path.rmdir()
     (settings.state_dir / "inference" / "load_memory.json").write_text("{broken")
     assert LoadMeasurements(settings.state_dir).known("cfg") is None  # a damaged file loses only the history

@@ -243,3 +243,26 @@ async def test_large_index_tier_answers_like_the_exact_one_through_the_tool(sear
         svc._faiss.pop("repo", None)  # the next search loads the index from disk again
     assert got["two-pass"] == got["exact"]
     assert all(hits for hits in got["exact"])
+
+
+def test_an_indexing_run_above_its_estimate_is_remembered_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpubox import services
+    from gpubox.app import build_server
+    from gpubox.settings import Settings
+    from gpubox.tools.search import service as search_mod
+
+    monkeypatch.setattr(search_mod, "INDEXING_HOST_GB", 0.001)  # far below the embedder it loads
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        svc = search_service(state_of(mcp))
+        finished(svc.start_index(str(make_repo(tmp_path / "r")), "r", [], [], None)[2])
+        led = services.ledger(state_of(mcp))
+        stored = json.loads((tmp_path / "s" / "box" / "footprints.json").read_text(encoding="utf-8"))
+        ((key, took),) = [(k, v) for k, v in stored.items() if k.startswith("indexing|")]
+        assert took["host"] > 0.01  # the server grew by the embedding model and its batches
+        assert led.expected(key, {"host": 0.001}) == took  # the next indexing run reserves that
+        assert led.holding("indexing r") is None  # and the run's own reservation was released
+    finally:
+        state_of(mcp).close()

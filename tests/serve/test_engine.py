@@ -110,6 +110,11 @@ async def test_the_engine_starts_with_a_plan_and_holds_its_memory_in_the_ledger(
     held = holdings[f"engine {st['id']}"]
     assert held["kind"] == "engine" and held["pid"] != os.getpid()
     assert held["measured_gb"]["host"] > 0.5  # the engine's processes, as the host shows them
+    from gpubox import services
+
+    # its peak is kept for its configuration: a peak above the plan would be what the next start reserves
+    peak = services.ledger(state_of(mcp)).peaks.peak(f"engine {st['id']}")
+    assert peak is not None and peak["host"] >= held["measured_gb"]["host"]
     assert st["id"] in [e["id"] for e in listed["engines"]]
 
 

@@ -10,6 +10,7 @@ CUDA context about 0.5 GB on its GPU.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpubox.tools.bench.attention import CPU_DEFAULTS, GPU_DEFAULTS
@@ -56,3 +57,8 @@ def needs(task: str, params: dict[str, Any], gpus: bool) -> dict[str, float]:
     if cuda:
         return {"cuda:0": work + CUDA_CONTEXT_GB, "host": TORCH_PROCESS_GB + pinned}
     return {"host": TORCH_PROCESS_GB + work}
+
+
+def key(task: str, params: dict[str, Any], needs: dict[str, float]) -> str:
+    """The benchmark configuration whose measured peak the box ledger remembers: task, devices and parameters."""
+    return f"bench|{task}|{','.join(sorted(needs))}|{json.dumps(params, sort_keys=True, default=str)}"

@@ -70,7 +70,9 @@ class BenchService:
         """Work that would disturb a measurement: fine-tune jobs and models generating right now."""
         return active_finetune_jobs(self.settings) + [f"inference on '{m}'" for m in self.busy_models()]
 
-    async def _admit(self, what: str, needs: dict[str, float], queue: bool, progress: Progress | None) -> None:
+    async def _admit(
+        self, what: str, needs: dict[str, float], queue: bool, progress: Progress | None, key: str | None = None
+    ) -> None:
         owner = f"benchmark {what}"
         if not queue:
             holders = await anyio.to_thread.run_sync(self.contention)
@@ -83,22 +85,24 @@ class BenchService:
                 raise BusyError(f"another benchmark ({self.active}) is running; call again, or pass queue=true")
             try:
                 await anyio.to_thread.run_sync(
-                    lambda: self.ledger.reserve(owner, "benchmark", needs, "waiting for the benchmark to end")
+                    lambda: self.ledger.reserve(owner, "benchmark", needs, "waiting for the benchmark to end", key=key)
                 )
             except BaseException:
                 self._lock.release()
                 raise
         else:
-            await self._queue(owner, needs, progress)
+            await self._queue(owner, needs, progress, key)
         self.active = what
 
-    async def _queue(self, owner: str, needs: dict[str, float], progress: Progress | None) -> None:
+    async def _queue(self, owner: str, needs: dict[str, float], progress: Progress | None, key: str | None) -> None:
         """Wait in the ledger's queue until memory frees, no benchmark runs and nothing disturbs the timing."""
         cancel = threading.Event()
         ready = lambda: not self._lock.locked() and not self.contention()  # noqa: E731
 
         def wait() -> None:
-            self.ledger.wait_reserve(owner, "benchmark", needs, "waiting for the benchmark to end", cancel, ready=ready)
+            self.ledger.wait_reserve(
+                owner, "benchmark", needs, "waiting for the benchmark to end", cancel, ready=ready, key=key
+            )
             if cancel.is_set():  # the caller went away while this thread was being admitted
                 self.ledger.release(owner)
 
@@ -147,7 +151,8 @@ class BenchService:
         if not is_available("torch"):
             raise MissingExtraError("Device benchmarks", "bench", "torch")
         needs = await anyio.to_thread.run_sync(lambda: self.needs(task, params))
-        await self._admit(task, needs, queue, progress)
+        key = footprint.key(task, params, needs)
+        await self._admit(task, needs, queue, progress, key)
         done = 0
 
         async def on_event(event: dict[str, Any]) -> None:
@@ -159,14 +164,25 @@ class BenchService:
             shape = f" D={event['head_dim']} N={event['seq_len']}" if event.get("head_dim") else ""
             await progress(done, total, f"{event['type']} {label}{shape}")
 
+        outcome: WorkerOutcome | None = None
         try:
-            return await run_worker(task, params, limit, on_event)
+            outcome = await run_worker(task, params, limit, on_event)
+            return outcome
         finally:
+            peak = next((e["peak_gb"] for e in (outcome.events if outcome else []) if e.get("type") == "memory"), None)
+            if isinstance(peak, dict):  # before the release: a peak above the estimate is remembered for its key
+                self.ledger.update(f"benchmark {task}", measured=peak)
             self._release(task)
 
     def needs(self, task: str, params: dict[str, Any]) -> dict[str, float]:
+        """The estimate for this run (before anything a past run of the same shape measured)."""
         gpus = any(d.device.startswith("cuda") for d in self.ledger.state().devices)
         return footprint.needs(task, params, gpus)
+
+    def expected(self, task: str, params: dict[str, Any]) -> dict[str, float]:
+        """What the run would reserve: the estimate, raised to what the same benchmark took last time."""
+        needs = self.needs(task, params)
+        return self.ledger.expected(footprint.key(task, params, needs), needs)
 
     # --- bench_attention ------------------------------------------------------------------------
     async def attention(

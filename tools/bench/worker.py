@@ -99,6 +99,22 @@ def main() -> None:
         emit({"type": "error", "message": f"{exc}; install the bench extra: pip install 'gpubox[bench]'"})
     except Exception as exc:  # reported to the server, which stays up
         emit({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
+    emit({"type": "memory", "peak_gb": peak_memory_gb()})
+
+
+def peak_memory_gb() -> dict[str, float]:
+    """This worker's peak per ledger device: its RSS high-water mark on the host; on a GPU what torch's caching
+    allocator reserved at most plus the CUDA context (which torch does not count). The server remembers it for
+    the next run of the same benchmark (box footprints)."""
+    import resource
+
+    out = {"host": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}  # Linux reports KiB
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        from gpubox.tools.bench.footprint import CUDA_CONTEXT_GB
+
+        out["cuda:0"] = torch.cuda.max_memory_reserved() / 1e9 + CUDA_CONTEXT_GB
+    return out
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def plan_action(
         return BoxPlan(box=ledger.state(), action=f"serve_start {serve}", admission=adm, plan=sp.model_dump())
     if benchmark is not None:
         params = {"batch": 1, "causal": False, "backward": False, "device": "auto"}
-        adm = ledger.check(services.bench(state).needs(benchmark, params))
+        adm = ledger.check(services.bench(state).expected(benchmark, params))
         return BoxPlan(box=ledger.state(), action=f"bench_{benchmark} (defaults)", admission=adm)
     return BoxPlan(box=ledger.state())
 

@@ -78,6 +78,16 @@ def read_devices(owned_pids: Iterable[int]) -> dict[str, Reading]:
     return {"host": host_reading(pids), **gpu_readings()}
 
 
+def own_usage() -> dict[str, float]:
+    """This process's memory per ledger device, in GB: RSS on 'host', NVML's per-process figure on each GPU."""
+    import psutil
+
+    out = {"host": psutil.Process().memory_info().rss / GB}
+    for device, reading in gpu_readings().items():
+        out[device] = reading.by_pid_gb.get(os.getpid(), 0.0)
+    return out
+
+
 def pid_alive(pid: int | None, started: float | None) -> bool:
     """True while `pid` runs and is the same process (its start time matches, so a reused pid is not it)."""
     import psutil

@@ -12,6 +12,8 @@ Rules (one ledger per server process; its state file makes it survive a restart)
 - `wait_reserve` queues: first in line first among the waiters whose own condition holds (a later, smaller
   request never overtakes it), woken by every release; direct `reserve` calls are answered at once and do not
   queue.
+- Work that names its configuration (`key`) reserves what that configuration measured last time where that is
+  more than its estimate; its peak while it runs is remembered (footprints.py).
 The lock is held only for bookkeeping; device readings are taken outside it.
 """
 
@@ -25,9 +27,11 @@ from datetime import UTC, datetime
 
 from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.settings import Settings
+from gpubox.tools.box.admission import admission
 from gpubox.tools.box.capacity import Reading, child_of, drift, pid_alive, read_devices, start_time
+from gpubox.tools.box.footprints import FootprintStore, Peaks, raised
 from gpubox.tools.box.ledger_file import LedgerFile, adopted_at_start, orphans, others
-from gpubox.tools.box.schemas import Admission, Blocker, BoxState, DeviceAccount, Holding, Kind
+from gpubox.tools.box.schemas import Admission, BoxState, DeviceAccount, Holding, Kind
 
 log = logging.getLogger("gpubox.box")
 Reader = Callable[[Iterable[int]], dict[str, Reading]]
@@ -44,6 +48,8 @@ class Ledger:
         self._holdings: dict[str, Holding] = {}  # this server's
         self._others: dict[str, Holding] = {}  # other gpubox servers' on this box, as their last write says
         self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
+        self.footprints = FootprintStore(settings.state_dir / "box" / "footprints.json")
+        self.peaks = Peaks(self.footprints)  # measured peaks of keyed work (see footprints)
         self._load()
 
     # --- persistence: one file shared by every gpubox server on the box (see ledger_file) -------------
@@ -82,6 +88,7 @@ class Ledger:
         for owner in gone:
             log.info("releasing %s: its process %s ended", owner, self._holdings[owner].pid)
             del self._holdings[owner]
+            self.peaks.end(owner)
         if gone:
             self._save_locked()
             self._cond.notify_all()
@@ -133,71 +140,13 @@ class Ledger:
             )
         return out
 
-    def _admission(self, needs: dict[str, float], accounts: dict[str, DeviceAccount]) -> Admission:
-        blockers: list[Blocker] = []
-        for device, gb in needs.items():
-            acct = accounts.get(device)
-            if acct is None:
-                raise InvalidInputError(f"no device '{device}' on this box; devices: {', '.join(sorted(accounts))}")
-            if gb > acct.free_gb:
-                blockers.append(
-                    Blocker(
-                        device=device,
-                        need_gb=_r(gb),
-                        free_gb=acct.free_gb,
-                        frees=self._frees(device, gb - acct.free_gb),
-                    )
-                )
-        if not blockers:
-            where = ", ".join(f"{gb:.2f} GB on {d} ({accounts[d].free_gb:.2f} free)" for d, gb in needs.items())
-            return Admission(fits=True, needs=_rounded(needs), reason=f"fits: {where}")
-        return Admission(fits=False, needs=_rounded(needs), blockers=blockers, reason=self._why(blockers, accounts))
-
-    def _frees(self, device: str, short_gb: float) -> list[str]:
-        """Unpinned holders on `device`, largest first, until they would free `short_gb`."""
-        out: list[str] = []
-        freed = 0.0
-        movable = sorted(
-            (h for h in self._all().values() if not h.pinned and h.devices.get(device, 0) > 0),
-            key=lambda h: -h.devices[device],
-        )
-        for h in movable:
-            if freed >= short_gb:
-                break
-            out.append(f"{h.frees_with} frees {h.devices[device]:.2f} GB")
-            freed += h.devices[device]
-        return out if freed >= short_gb else []
-
-    def _why(self, blockers: list[Blocker], accounts: dict[str, DeviceAccount]) -> str:
-        parts = []
-        for b in blockers:
-            a = accounts[b.device]
-            held = [
-                f"{h.owner} {h.devices[b.device]:.2f} GB" + (" (pinned)" if h.pinned else "")
-                for h in self._all().values()
-                if h.devices.get(b.device, 0) > 0
-            ]
-            text = (
-                f"{b.device}: needs {b.need_gb:.2f} GB, {b.free_gb:.2f} GB free of a {a.budget_gb:.2f} GB budget "
-                f"(held by gpubox: {', '.join(held) or 'nothing'}; external {a.external_gb:.2f} GB)"
-            )
-            if b.frees:
-                text += "; " + "; ".join(b.frees)
-            else:
-                text += (
-                    "; no unpinned work frees enough: free memory outside gpubox, raise memory_budget_gb, or "
-                    "ask for less (smaller model, context or batch)"
-                )
-            parts.append(text)
-        return "does not fit. " + " | ".join(parts)
-
     # --- public ---------------------------------------------------------------------------------
     def check(self, needs: dict[str, float]) -> Admission:
         """Would `needs` fit now? Reserves nothing."""
         readings = self._read()
         with self._cond:
             self._refresh()
-            return self._admission(needs, self._accounts(readings))
+            return admission(needs, self._accounts(readings), self._all().values())
 
     def reserve(
         self,
@@ -209,11 +158,27 @@ class Ledger:
         pinned: bool = False,
         pid: int | None = None,
         source: str = "estimator",
+        key: str | None = None,
     ) -> Holding:
-        """Reserve `needs` for `owner` now, or raise CapacityError saying who holds the memory."""
+        """Reserve `needs` for `owner` now, or raise CapacityError saying who holds the memory. With a `key`
+        (the work's configuration) it reserves what that configuration last took where that is more, and its
+        peak is remembered (see footprints)."""
         readings = self._read()
+        known = self._known(key)
+        wanted, source = raised(needs, known), source if known is None else "measured earlier"
         with self._cond:
-            return self._try_reserve(self._new_holding(owner, kind, needs, frees_with, pinned, pid, source), readings)
+            h = self._try_reserve(self._new_holding(owner, kind, wanted, frees_with, pinned, pid, source), readings)
+        if key is not None:
+            self.peaks.track(owner, key, needs)
+        return h
+
+    def _known(self, key: str | None) -> dict[str, float] | None:
+        return self.footprints.known(key) if key is not None else None
+
+    def expected(self, key: str | None, needs: dict[str, float]) -> dict[str, float]:
+        """What work of configuration `key` would reserve: its estimate `needs`, raised per device to what the
+        same configuration took last time when that was more."""
+        return raised(needs, self._known(key))
 
     def _try_reserve(self, h: Holding, readings: dict[str, Reading]) -> Holding:
         """Admit `h` and record it, or raise CapacityError (caller holds self._cond)."""
@@ -223,7 +188,7 @@ class Ledger:
             self._prune()
             if owner in self._holdings:
                 raise InvalidInputError(f"{owner} already holds a reservation; release it first")
-            adm = self._admission(h.devices, self._accounts(readings))
+            adm = admission(h.devices, self._accounts(readings), self._all().values())
             if not adm.fits:
                 raise CapacityError(f"{owner} {adm.reason}")
             h = h.model_copy(update={"started": datetime.now(UTC).isoformat(timespec="seconds")})
@@ -266,10 +231,14 @@ class Ledger:
         *,
         ready: Callable[[], bool] | None = None,
         pid: int | None = None,
+        key: str | None = None,
     ) -> Holding:
         """Queue for `needs` and return once reserved (first in line first). Raises CapacityError at once when
-        the work can never fit (above the whole budget), or when `cancel` is set while waiting."""
-        wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, "estimator")
+        the work can never fit (above the whole budget), or when `cancel` is set while waiting. `key` as in
+        `reserve`."""
+        estimate, known = needs, self._known(key)
+        needs, source = raised(needs, known), "estimator" if known is None else "measured earlier"
+        wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, source)
         self.enter_queue(owner)
         try:
             while True:
@@ -290,6 +259,8 @@ class Ledger:
                         except CapacityError:
                             pass
                         else:
+                            if key is not None:
+                                self.peaks.track(owner, key, estimate)
                             return h
                     # woken by a release; the timeout catches what changes outside the ledger (a process ending)
                     self._cond.wait(1.0)
@@ -339,7 +310,8 @@ class Ledger:
             if h is not None:
                 self._save()
                 self._cond.notify_all()
-            return h is not None
+        self.peaks.end(owner)
+        return h is not None
 
     def update(
         self,
@@ -371,7 +343,19 @@ class Ledger:
             self._holdings[owner] = h
             self._save()
             self._cond.notify_all()
-            return h
+        if measured is not None:
+            self.peaks.seen(owner, measured)
+        return h
+
+    def observe(self, owner: str) -> dict[str, float] | None:
+        """What a worker's process tree holds now, per device (None for in-process or unknown work); its peak
+        is kept for the work's key. Families call it where their work is at its largest (an engine once ready)."""
+        h = self.holding(owner)
+        if h is None or h.pid is None or h.pid == os.getpid():
+            return None
+        m = self._measured(h, self._read()).measured_gb or {}
+        self.peaks.seen(owner, m)
+        return m
 
     def rename(self, owner: str, new_owner: str) -> bool:
         """Move a holding to another owner name (memory still held, the old name free for new work)."""
@@ -398,6 +382,9 @@ class Ledger:
             accounts = self._accounts(readings)
             holdings = [self._measured(h, readings) for h in self._all().values()]
             queued = list(self._queue)
+        for h in holdings:
+            if h.measured_gb and h.pid != os.getpid():
+                self.peaks.seen(h.owner, h.measured_gb)
         return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=drift(holdings))
 
     def _measured(self, h: Holding, readings: dict[str, Reading]) -> Holding:

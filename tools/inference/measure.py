@@ -14,34 +14,20 @@ is why only a figure above the estimate replaces it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from gpubox.tools.box.capacity import own_usage
+from gpubox.tools.box.footprints import FootprintStore, above
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.inference.registry import Discovered
 from gpubox.tools.inference.schemas import LoadPlan
 
 log = logging.getLogger("gpubox.inference")
-ABOVE = 1.10  # a measurement this far above the estimate replaces it for the next load
 Reader = Callable[[], dict[str, float]]
 T = TypeVar("T")
-
-
-def own_usage() -> dict[str, float]:
-    """This process's memory per ledger device, in GB: RSS on 'host', NVML's per-process figure on each GPU."""
-    import psutil
-
-    from gpubox.tools.box.capacity import GB, gpu_readings
-
-    out = {"host": psutil.Process().memory_info().rss / GB}
-    for device, reading in gpu_readings().items():
-        out[device] = reading.by_pid_gb.get(os.getpid(), 0.0)
-    return out
 
 
 def config_key(d: Discovered, p: LoadPlan, adapter: Discovered | None, quantization: str | None) -> str:
@@ -59,36 +45,12 @@ def config_key(d: Discovered, p: LoadPlan, adapter: Discovered | None, quantizat
 
 class LoadMeasurements:
     def __init__(self, state_dir: Path, read: Reader = own_usage) -> None:
-        self.path = state_dir / "inference" / "load_memory.json"
+        self.store = FootprintStore(state_dir / "inference" / "load_memory.json")
         self.read = read
-        self._lock = threading.Lock()
-
-    def _all(self) -> dict[str, dict[str, float]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            return {k: {d: float(gb) for d, gb in v.items()} for k, v in data.items() if isinstance(v, dict)}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, AttributeError, TypeError) as exc:  # a damaged file only loses the history
-            log.warning("load measurements %s unreadable (%s); loads reserve their estimates", self.path, exc)
-            return {}
 
     def known(self, key: str) -> dict[str, float] | None:
         """GB per device the last load of this configuration took, when that was above its estimate."""
-        with self._lock:
-            return self._all().get(key)
-
-    def record(self, key: str, used: dict[str, float]) -> None:
-        with self._lock:
-            data = self._all()
-            data[key] = {d: round(gb, 3) for d, gb in used.items()}
-            self._write(data)
-
-    def _write(self, data: dict[str, dict[str, float]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.path)
+        return self.store.known(key)
 
     def around(self, open_it: Callable[[], T], alone: Callable[[], bool]) -> tuple[T, dict[str, float] | None]:
         """`open_it()`, and how much this process grew per device meanwhile; None when another load ran too
@@ -107,22 +69,16 @@ class LoadMeasurements:
         used = {d: gb for d, gb in used.items() if d in needs}
         try:
             ledger.update(owner, measured=used)
-            if sum(used.values()) > sum(needs.values()) * ABOVE:
+            if above(used, needs):
                 log.warning(
                     "%s took %.2f GB, above its %.2f GB estimate; the next load of it reserves that",
                     owner, sum(used.values()), sum(needs.values()),
                 )  # fmt: skip
-                self.record(key, used)
+                self.store.record(key, used)
             else:
-                self.forget(key)
+                self.store.forget(key)
         except OSError as exc:
             log.warning("could not record what %s took (%s); its next load reserves the estimate", owner, exc)
-
-    def forget(self, key: str) -> None:
-        with self._lock:
-            data = self._all()
-            if data.pop(key, None) is not None:
-                self._write(data)
 
 
 def with_last_load(p: LoadPlan, known: dict[str, float] | None) -> LoadPlan:

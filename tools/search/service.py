@@ -16,6 +16,8 @@ from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.paths import read_inside
 from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
+from gpubox.tools.box.capacity import own_usage
+from gpubox.tools.box.footprints import Growth
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
@@ -136,7 +138,8 @@ class SearchService:
         owner, needs = f"indexing {name}", self._indexing_needs()
         with self._lock:  # one check-and-reserve: a second start of the same index is told it is running
             ensure_not_running(self._jobs.get(name), name)
-            self.ledger.reserve(owner, "indexing", needs, f"waiting for indexing '{name}' to finish (search_list)")
+            frees = f"waiting for indexing '{name}' to finish (search_list)"
+            self.ledger.reserve(owner, "indexing", needs, frees, key=self._indexing_key(needs))
             progress = Progress()
             self._jobs[name] = progress
         options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
@@ -149,6 +152,9 @@ class SearchService:
             raise
 
         def work() -> None:
+            # the server's growth while it embeds, kept as this configuration's footprint when above the estimate;
+            # not measured while another index is built (a model load meanwhile is counted: the safe side)
+            growth = Growth(own_usage, alone=lambda: self.indexing() == [name])
             try:
                 self._reports[name] = run_index(
                     root, store, self.embedder, options, progress, self.settings.search_ann_threshold
@@ -160,6 +166,9 @@ class SearchService:
                 progress.error = str(exc) or type(exc).__name__
             finally:
                 progress.finished = time.time()
+                used = growth.stop()
+                if used is not None:
+                    self.ledger.update(owner, measured=used)
                 self.ledger.release(owner)
                 try:
                     store.close_thread()  # this worker's connection; queries may still use theirs
@@ -172,6 +181,11 @@ class SearchService:
     def _indexing_needs(self) -> dict[str, float]:
         gpu = any(d.device.startswith("cuda") for d in self.ledger.state().devices)
         return {"host": INDEXING_HOST_GB, **({"cuda:0": INDEXING_GPU_GB} if gpu else {})}
+
+    def _indexing_key(self, needs: dict[str, float]) -> str:
+        """The configuration whose measured footprint the ledger remembers: embedder, precision, batch, devices."""
+        e = self.embedder
+        return f"indexing|{e.model_path}|{self.settings.search_embed_dtype}|{e.batch_size}|{','.join(sorted(needs))}"
 
     def indexing(self) -> list[str]:
         """Names of the indexes being built right now."""

@@ -158,8 +158,10 @@ class EngineManager:
         python: str,
         port: int | None,
         aliases: list[str] | None = None,
+        memory_key: str | None = None,
     ) -> EngineRecord:
-        """Reserve the plan's memory, then prepare and launch in the background; returns the record at once."""
+        """Reserve the plan's memory, then prepare and launch in the background; returns the record at once.
+        `memory_key` names the configuration whose measured peak the ledger remembers (plan.footprint_key)."""
         for rec in self.records():
             if rec.model.lower() == name.lower() and rec.state in (*LIVE, "attached"):
                 raise BusyError(
@@ -173,7 +175,8 @@ class EngineManager:
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_path)]
         cmd += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *args]
         plan = plan.model_copy(update={"command": cmd})
-        self.ledger.reserve(owner(engine_id), "engine", plan.memory_gb, f"serve_stop engine_id='{engine_id}'")
+        estimate = plan.estimate_gb or plan.memory_gb  # the ledger raises it to a remembered figure again
+        self.ledger.reserve(owner(engine_id), "engine", estimate, f"serve_stop engine_id='{engine_id}'", key=memory_key)
         rec = EngineRecord(
             id=engine_id,
             engine="vllm",
@@ -241,6 +244,7 @@ class EngineManager:
                 return  # failed (process exited), or stopped meanwhile
             if client.healthy(rec.base_url, rec.api_key):
                 self._set(engine_id, state="ready")
+                self.ledger.observe(owner(engine_id))  # weights, KV space and compiled graphs are all in by now
                 return
             time.sleep(1.0)  # the engine offers no start-up event; its /health is the signal
         self.stop(engine_id)
@@ -295,6 +299,8 @@ class EngineManager:
         rec = self.record(engine_id)
         live = rec.state in ("ready", "attached")
         healthy = live and client.healthy(rec.base_url, rec.api_key)
+        if healthy and rec.engine == "vllm":
+            self.ledger.observe(owner(rec.id))  # its peak, for the next start of the same configuration
         held = self.ledger.holding(owner(rec.id))
         return EngineStatus(
             id=rec.id,

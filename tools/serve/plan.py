@@ -84,6 +84,25 @@ def plan_engine(
     return plan, args
 
 
+def footprint_key(source: str, args: list[str]) -> str:
+    """The engine configuration whose measured memory the box ledger remembers: the model and every flag."""
+    return "vllm|" + source + "|" + " ".join(args)
+
+
+def remembered(plan: ServePlan, expected: dict[str, float]) -> ServePlan:
+    """The plan reserving what the same configuration took last run, where that is more than its estimate."""
+    if all(expected.get(d, 0.0) <= gb for d, gb in plan.memory_gb.items()):
+        return plan
+    took = ", ".join(f"{gb:.2f} GB on {d}" for d, gb in expected.items())
+    return plan.model_copy(
+        update={
+            "memory_gb": expected,
+            "estimate_gb": plan.memory_gb,
+            "reasons": [*plan.reasons, f"reserves {took}: what this configuration took when it last ran"],
+        }
+    )
+
+
 def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 

@@ -22,6 +22,9 @@ class ServePlan(BaseModel):
     kv_cache_space_gb: int | None = Field(default=None, description="CPU: VLLM_CPU_KVCACHE_SPACE")
     enforce_eager: bool = False
     memory_gb: dict[str, float] = Field(description="What the engine reserves per device in the box ledger")
+    estimate_gb: dict[str, float] | None = Field(
+        default=None, description="The plan's own estimate, where what this configuration took last run is more"
+    )
     command: list[str] = Field(description="The exact command gpubox runs (the API key is elided)")
     env: dict[str, str] = Field(description="Environment variables gpubox sets for it")
     reasons: list[str]

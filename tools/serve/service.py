@@ -18,7 +18,7 @@ from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.modelinfo import resolve_model
 from gpubox.tools.finetune.schemas import ResolvedBase
 from gpubox.tools.serve.engines import EngineManager
-from gpubox.tools.serve.plan import Gpu, Overrides, plan_engine
+from gpubox.tools.serve.plan import Gpu, Overrides, footprint_key, plan_engine, remembered
 from gpubox.tools.serve.schemas import EngineStatus, ServePlan
 
 INSTALL_HINT = (
@@ -93,6 +93,7 @@ class ServeService:
         if lora is not None:
             args += lora_args(lora)
             plan.reasons.append(f"LoRA adapter {lora.name} (rank {lora.rank}) served on {base.name} by name")
+        plan = remembered(plan, self.ledger.expected(footprint_key(base.hf_path, args), plan.memory_gb))
         return base, plan, args
 
     def start(self, model: str, name: str | None, o: Overrides, port: int | None) -> EngineStatus:
@@ -116,7 +117,8 @@ class ServeService:
 
         lora = self.adapter(model)
         aliases = [lora.name] if lora is not None else []
-        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port, aliases)
+        memory_key = footprint_key(base.hf_path, args)
+        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port, aliases, memory_key)
         return self.engines.status(rec.id)
 
     def close(self) -> None:
