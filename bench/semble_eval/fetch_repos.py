@@ -7,6 +7,8 @@ leaves a bare git dir under /work/.mirror/<owner>+<name>/. For every repository 
 looks for that git dir, checks that it holds the pinned revision, and extracts the indexed folder at that revision
 (`git archive <revision> -- <folder>`, the whole tree when semble indexes the whole repository) into
 corpora/<repo>/, keeping the folder's path, so the tree to index is corpora/<repo>/<folder> (see index_root).
+When that git dir is absent or older than the pin, any fetched /work/.mirror/<other owner>+<name>/ that holds the
+revision serves instead (a fork, or the repository's new home, e.g. Kludex/starlette); the marker names it.
 A marker (corpora/<repo>/.semble_eval.json) records revision and folder; a tree whose marker matches is left alone.
 corpora/ is gitignored. The end of the output lists, for every repository not on disk, the `fetch` source to ask for.
 Exit status: 0 when every selected repository is on disk at its revision, 1 otherwise.
@@ -72,10 +74,30 @@ def find_git_dir(url: str, root: Path = MIRROR_ROOT) -> Path | None:
         if not matches:
             return None
         base = matches[0]
+    return _git_dir_below(base)
+
+
+def _git_dir_below(base: Path) -> Path | None:
     for candidate in (base / "repo", base, *sorted(base.glob("*/")), *sorted(base.glob("*/*/"))):
         if _is_git_dir(candidate):
             return candidate
     return None
+
+
+def fork_git_dirs(url: str, root: Path = MIRROR_ROOT) -> list[Path]:
+    """Git dirs `fetch` left for other owners of the same repository name (<root>/*+<name>): forks or a moved home."""
+    owner, name = owner_name(url)
+    if not root.is_dir():
+        return []
+    dirs = []
+    for base in sorted(root.glob("*+*")):
+        base_owner, _, base_name = base.name.partition("+")
+        if base_name.lower() != name.lower() or base_owner.lower() == owner.lower():
+            continue
+        git_dir = _git_dir_below(base)
+        if git_dir is not None:
+            dirs.append(git_dir)
+    return dirs
 
 
 def _git(git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -106,9 +128,15 @@ def materialize(
             pass
     git_dir = find_git_dir(entry["url"], root)
     if git_dir is None:
+        git_dir = next((d for d in fork_git_dirs(entry["url"], root) if has_revision(d, entry["revision"])), None)
+    if git_dir is None:
         return Outcome(repo, "not fetched", f"nothing under {root}/{'+'.join(owner_name(entry['url']))}")
     if not has_revision(git_dir, entry["revision"]):
-        return Outcome(repo, "revision not in snapshot", f"{git_dir} lacks {entry['revision'][:12]}")
+        # The owner's snapshot can be older than the pin: take a fetched fork (or moved home) that holds it.
+        fork = next((d for d in fork_git_dirs(entry["url"], root) if has_revision(d, entry["revision"])), None)
+        if fork is None:
+            return Outcome(repo, "revision not in snapshot", f"{git_dir} lacks {entry['revision'][:12]}")
+        git_dir = fork
     paths = [entry["folder"]] if entry.get("folder") else []
     listing = _git(git_dir, "ls-tree", "-r", "--name-only", entry["revision"], "--", *paths)
     files = len(listing.stdout.splitlines())
