@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from gpubox.tools.estimate.training import ACTIVATION_FACTOR
 from tests.conftest import call_ok
 
 pytestmark = pytest.mark.anyio
@@ -154,15 +155,15 @@ async def test_a_recorded_training_run_replaces_the_default_memory_factor(client
         per_device_train_batch_size=8,
         gradient_checkpointing=True,
         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        peak_memory_gb=12.0,
+        peak_memory_gb=21.5,
         tokens_per_s=900.0,
     )
     factor = rec["activation_factor"]
-    assert 0 < factor < 3.8  # a leaner measured run than the default
+    assert factor > ACTIVATION_FACTOR[True]  # a heavier measured run than the default (a different stack)
     after = await call_ok(client, "estimate_training", **args)
     r = after["results"][0]
     assert r["memory"]["activation_factor"] == pytest.approx(factor)
-    assert r["micro_batch"] > 8 and "run #" in (r["calibration"] or "")
+    assert r["micro_batch"] < 8 and "run #" in (r["calibration"] or "")  # micro-batch 8 took 21.5 GB there
     assert "measured" in r["mfu_source"]
     res = await client.read_resource("estimate://calibrations/training")
     assert json.loads(res.contents[0].text)["measurements"]  # type: ignore[union-attr]

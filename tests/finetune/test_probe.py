@@ -59,3 +59,6 @@ async def test_a_probe_is_measured_calibrates_the_estimator_and_does_not_change_
     assert sum(with_probe["job_id"] in (n or "") for n in notes) == 2, notes
     measured = after["estimate"]["results"][0]
     assert measured["mfu_source"].startswith("measured: run #"), measured["mfu_source"]
+    # and its memory plan for the same shape matches what the probe measured on this box within 10% (issue #23)
+    assert measured["memory"]["total_gb"] == pytest.approx(probe["peak_memory_gb"], rel=0.10)
+    assert measured["memory"]["activation_factor"] != before["estimate"]["results"][0]["memory"]["activation_factor"]

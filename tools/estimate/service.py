@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpubox.errors import InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
-from gpubox.tools.estimate import bounds
+from gpubox.tools.estimate import bounds, training_notes
 from gpubox.tools.estimate import inference as inf
 from gpubox.tools.estimate import training as tr
 from gpubox.tools.estimate.calibration import CalibrationStore
@@ -207,7 +207,7 @@ class Estimator:
         devices = self.targets(req.gpu, dtype)
         for t in devices:
             if req.tokens_per_s is not None and (
-                why := tr.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
+                why := training_notes.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
             ):
                 warnings.append(why)
             # a GPU is planned on its real memory; the CPU on the RAM available now
@@ -225,9 +225,8 @@ class Estimator:
             )
         warnings += self.ignored("training", devices)
         compact = not detail and len(results) > 1
-        method_notes = (
-            [TRAINING_RANKING_NOTE] if compact else tr.assumptions(req, fmt, self.settings.electricity_usd_per_kwh)
-        )
+        usd_kwh = self.settings.electricity_usd_per_kwh
+        method_notes = [TRAINING_RANKING_NOTE] if compact else training_notes.assumptions(req, fmt, usd_kwh)
         assumptions = [n for t in devices for n in t.notes] + method_notes
         if req.dataset_tokens is None and req.dataset_samples is not None:
             assumptions.append(

@@ -3,15 +3,15 @@
 Memory = weights + trainable weights + gradients + optimizer states + activations + logits + overhead.
 Activations start from a textbook count (16-bit, SDPA/flash attention, no dropout) and are multiplied by a
 measured factor: real HF/peft runs hold more than the count (fp32 up-casts from prepare_model_for_kbit_training,
-LoRA dropout copies, allocator fragmentation). The factor defaults to a published observation and is replaced
-by our own calibrated runs for the same GPU and method.
+LoRA dropout copies, allocator fragmentation). The factor defaults to a fit on published trl + peft runs
+(bench/estimator_eval) and is replaced by our own calibrated runs for the same GPU and method.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from gpubox.errors import InvalidInputError
 from gpubox.tools.estimate.calibration import CalibrationStore
@@ -39,6 +39,7 @@ OPTIMIZER_BYTES: dict[str, float] = {
     "adafactor": 4.0,
     "sgd": 0.0,
 }
+TORCH_OPTIMIZERS = {"adamw_torch", "adamw_torch_fused", "adafactor", "sgd"}
 OPTIMIZER_SOURCE = (
     "optimizer state per trainable parameter: AdamW 8 B (two fp32 moments), bitsandbytes 8-bit AdamW 2 B "
     "(arXiv 2110.02861), Adafactor ~4 B (transformers 'Efficient training on a single GPU' guide), "
@@ -47,17 +48,25 @@ OPTIMIZER_SOURCE = (
 # CUDA context plus cuBLAS and bitsandbytes workspaces. PyTorch's CUDA context alone takes 0.3-0.5 GB
 # (PyTorch "CUDA semantics" notes on memory management); 1 GB covers the workspaces as well.
 TRAINING_OVERHEAD_GB = 1.0
+# A micro-batch of 4096 tokens already makes every projection a 4096-row GEMM, enough to keep a GPU's tensor
+# cores busy for 7B-class widths; larger ones add memory (and out-of-memory risk on long samples), not speed.
+# The planner stops there and reaches the global batch by gradient accumulation; an explicit
+# per_device_train_batch_size is planned as given.
+MICRO_BATCH_TOKENS = 4096
 MICRO_BATCHES = [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128]  # even sizes suit tensor cores
 
-# Measured/textbook activation-memory ratio: real HF/peft runs hold more than the textbook count (fp32
-# up-casts from prepare_model_for_kbit_training, LoRA dropout copies, allocator fragmentation). Fitted to one
-# reported QLoRA run (A10 24 GB, Mistral-7B-Instruct-v0.3 NF4 double quant, r=16 on q/k/v/o, sequence 512,
-# paged_adamw_8bit: ~20 GB at micro-batch 8 with checkpointing, out of memory at 4 without). A fitted default,
-# not a measurement of your setup: calibrated runs on the same GPU replace it.
-ACTIVATION_FACTOR = {True: 3.8, False: 1.9}
+# Measured/textbook activation-memory ratio: real HF/peft runs hold more than the textbook count (fp32 up-casts,
+# LoRA dropout copies, bitsandbytes dequantization buffers, allocator fragmentation). With checkpointing: fitted
+# (bench/estimator_eval/training_run.py --fit) to the 'fit' rows of published trl/HF Trainer + peft runs
+# (fms-acceleration's Mistral-7B LoRA/QLoRA on an A100-80GB, nvidia-smi peaks; Qwen's LoRA memory profile,
+# 256-8192 tokens) as the factor with the lowest median error that under-predicts no fit row by more than 5%;
+# QLoRA's peaks set it (LoRA and full runs come out 5-30% over). Without checkpointing no published trl + peft
+# row is at hand: 1.9 is the earlier default (a reported A10 QLoRA run). Calibrated runs on the same GPU replace
+# both.
+ACTIVATION_FACTOR = {True: 1.4, False: 1.9}
 ACTIVATION_FACTOR_SOURCE = (
-    "default fitted to a reported QLoRA run (A10 24 GB, Mistral-7B, micro-batch 8 ~20 GB); record a measured "
-    "run on this GPU to replace it"
+    "default fitted to published trl/HF Trainer + peft runs (bench/results/estimator_training.md); record a "
+    "measured run on this GPU to replace it"
 )
 
 # Model FLOPs utilisation by method. Full: HF Trainer + FlashAttention-2 reaches 50-73% of peak in kernels
@@ -107,31 +116,6 @@ def lora_targets(modules: list[str] | str | None, method: Method) -> list[str]:
     return sorted(set(modules), key=lambda m: ALL_LINEAR.index(m) if m in ALL_LINEAR else len(ALL_LINEAR))
 
 
-def assumptions(req: Any, fmt: str, usd_per_kwh: float) -> list[str]:
-    gc = req.gradient_checkpointing
-    return [
-        f"Weights: {fmt}"
-        + (" (linear layers; embeddings and lm_head in 16 bit)" if req.method == "qlora" else "")
-        + "; trainable weights and gradients fp32 (peft casts adapters to fp32); optimizer "
-        f"{req.optim} = {OPTIMIZER_BYTES[req.optim]:g} bytes per trainable parameter ({OPTIMIZER_SOURCE}).",
-        "Activations: textbook 16-bit count per token per layer (12h + 4 kv_dim + 8 ffn, SDPA attention; "
-        "Korthikanti et al., arXiv 2205.05198); with checkpointing only each layer's input (2h) plus one "
-        "recomputed layer; logits 10 bytes x vocab per token. Multiplied by the activation factor ("
-        + ACTIVATION_FACTOR_SOURCE
-        + ", or a comparable calibrated run).",
-        "gradient_checkpointing='auto': off unless, without it, the requested micro-batch (or, when the planner "
-        "chooses, even micro-batch 1) does not fit under the headroom; each result says what it used."
-        if gc == "auto"
-        else f"gradient_checkpointing={gc} as requested.",
-        f"Overhead {TRAINING_OVERHEAD_GB} GB (CUDA context, workspaces). Safe limit = memory x "
-        f"(1 - {req.headroom_pct:g}% headroom); between it and the memory size a batch is 'too_close'.",
-        "Throughput = MFU x dense BF16 peak / FLOPs per token (LoRA 4N, full 6N, +2N with checkpointing, "
-        "+ attention 6 L s h). Time = tokens x epochs / (tokens/s x 3600); with max_steps, tokens = "
-        "max_steps x global batch x max_length.",
-        f"Costs use on-demand prices (date shown per row); electricity = TDP x hours x $/kWh ({usd_per_kwh}).",
-    ]
-
-
 def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
     shapes = shape.linear_shapes()
     unknown = [t for t in targets if t not in shapes]
@@ -158,11 +142,21 @@ def static_memory(shape: ModelShape, p: TrainingPlanInput) -> dict[str, float]:
     if p.method == "lora":
         wbytes = 4 if p.weight_format == "fp32" else 2
         return {"weights": n * wbytes, "trainable": 4 * trainable, "grads": 4 * trainable, "optimizer": opt}
-    # full, mixed precision: 16-bit weights + fp32 master copy, fp32 gradients: 18 B/param with AdamW
-    # (transformers "Model training anatomy" guide)
-    master = 4 * n if p.weight_format != "fp32" else 0
+    # full: the model is loaded in its training dtype (gpubox's worker, like trl/HF scripts that pass
+    # torch_dtype=bfloat16) and HF Trainer keeps no fp32 master copy, so weights, gradients and torch
+    # optimizers' states are all 16-bit: 8 B/param with AdamW (fms-acceleration's published full bf16 runs of
+    # Mistral-7B peak at 72-81 GB on one A100-80GB, below the 18 B/param mixed-precision textbook's 130 GB)
     wbytes = 2 if p.weight_format != "fp32" else 4
-    return {"weights": n * wbytes, "trainable": master, "grads": 4 * n, "optimizer": opt}
+    opt = optimizer_bytes(p.optimizer, wbytes) * n
+    return {"weights": n * wbytes, "trainable": 0.0, "grads": wbytes * n, "optimizer": opt}
+
+
+def optimizer_bytes(optim: str, param_bytes: int) -> float:
+    """State bytes per parameter: torch's optimizers keep their states in the parameter's dtype, bitsandbytes'
+    keep theirs in 8 bit (or fp32 for the 32-bit variants) whatever the parameter is."""
+    if optim in TORCH_OPTIMIZERS:
+        return OPTIMIZER_BYTES[optim] * param_bytes / 4
+    return OPTIMIZER_BYTES[optim]
 
 
 def activation_bytes(shape: ModelShape, p: TrainingPlanInput, micro_batch: int, gc: bool) -> tuple[float, float]:
@@ -289,7 +283,7 @@ def plan_on_gpu(
 
     candidates = _candidates(shape, p, checkpointing, factor, vram, sizes, False)
     fitting = [c.micro_batch for c in candidates if c.status == "fits"]
-    chosen = max(fitting) if fitting else None
+    chosen = _choose(fitting, p.seq_len) if not run.micro_batch else (fitting[0] if fitting else None)
     breakdown = memory_at(shape, p, chosen or (run.micro_batch or 1), checkpointing, factor)
     without_gc: list[BatchCandidate] = []
     if checkpointing:
@@ -326,6 +320,14 @@ def plan_on_gpu(
     )
 
 
+def _choose(fitting: list[int], seq_len: int) -> int | None:
+    """The largest micro-batch that fits, up to MICRO_BATCH_TOKENS tokens (at least 1 sample)."""
+    if not fitting:
+        return None
+    capped = [b for b in fitting if b * seq_len <= MICRO_BATCH_TOKENS]
+    return max(capped) if capped else min(fitting)
+
+
 def _mfu(store: CalibrationStore | None, gpu: GpuSpec, shape: ModelShape, p: TrainingPlanInput) -> tuple[float, str]:
     """(MFU, source): a comparable calibrated run's, else the method's default."""
     if store is not None:
@@ -354,26 +356,6 @@ def _wall_hours(run: RunInput, global_batch: int | None, seq_len: int, tokens_pe
     elif run.dataset_tokens:
         total_tokens = run.dataset_tokens * run.epochs
     return total_tokens / (tokens_per_s * 3600) if total_tokens is not None else None
-
-
-def plausibility(tps_given: float, shape: ModelShape, p: TrainingPlanInput, gpu: GpuSpec, gpu_count: int) -> str | None:
-    """Explain when a quoted throughput is physically implausible for this GPU."""
-    fpt = flops_per_token(shape, p)
-    implied_mfu = tps_given * fpt / (gpu.bf16_tflops * 1e12 * gpu_count)
-    expected = MFU[p.method] * gpu.bf16_tflops * 1e12 * gpu_count / fpt
-    if implied_mfu > 1:
-        return (
-            f"{tps_given:g} tokens/s on {gpu.id} is impossible: it needs {implied_mfu:.0%} of the GPU's dense "
-            f"BF16 peak ({gpu.bf16_tflops} TFLOPS) at {fpt / 1e9:.1f} GFLOP per token."
-        )
-    if implied_mfu < MFU[p.method] / 10:
-        return (
-            f"{tps_given:g} tokens/s on {gpu.id} is implausibly low: it implies {implied_mfu:.2%} of the dense "
-            f"BF16 peak ({gpu.bf16_tflops} TFLOPS) at {fpt / 1e9:.1f} GFLOP per token; a {p.method} run usually "
-            f"reaches ~{MFU[p.method]:.0%}, i.e. about {expected:,.0f} tokens/s. The quoted figure may be "
-            "samples/s, or generation speed rather than training throughput."
-        )
-    return None
 
 
 def measured_activation_factor(
