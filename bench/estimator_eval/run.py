@@ -76,9 +76,13 @@ def detail(scored: list[dict[str, object]]) -> list[str]:
 
 
 def constants() -> list[str]:
-    lines = ["| GPU class | efficiency (share of datasheet bandwidth) | fixed cost per layer |", "|---" * 3 + "|"]
+    lines = [
+        "| GPU class | efficiency (share of datasheet bandwidth) | fixed cost per layer | k-quant ops per weight |",
+        "|---" * 4 + "|",
+    ]
     for cls, c in decode_model.DECODE_COSTS.items():
-        lines.append(f"| {cls} | {c.efficiency:.2f} | {c.per_layer_s * 1e6:.0f} us |")
+        ops = f"{c.kquant_ops:.0f}" if c.kquant_ops else "-"
+        lines.append(f"| {cls} | {c.efficiency:.2f} | {c.per_layer_s * 1e6:.0f} us | {ops} |")
     return lines
 
 
@@ -93,8 +97,10 @@ def report(scored: list[dict[str, object]], label: str) -> str:
     form = [
         "## Model form (tools/estimate/decode_model.py)",
         "",
-        "step_s = (weights + KV read at half the context) / (bandwidth x efficiency) + layers x per_layer_s;"
-        " tok/s = batch / step_s. Constants fitted by bench/estimator_eval/fit.py on the fit rows:",
+        "step_s = max((weights + KV read at half the context) / (bandwidth x efficiency), k-quant weights x ops"
+        " / FP32 rate) + layers x per_layer_s; tok/s = batch / step_s. The compute term applies where the GPU"
+        " unpacks k-quants in its FP32 ALUs (Apple Metal). Constants fitted by bench/estimator_eval/fit.py on the"
+        " fit rows:",
         "",
         *constants(),
         "",

@@ -1,7 +1,12 @@
 """Batch-1..n decode time per step: a bandwidth term plus a fixed cost per layer (issue #23).
 
-    step_s = weight_and_kv_bytes / (bandwidth x efficiency[class]) + layers x per_layer_s[class]
+    step_s = max(weight_and_kv_bytes / (bandwidth x efficiency[class]), k-quant compute) + layers x per_layer_s[class]
     tok/s  = batch / step_s
+
+The k-quant compute term (Apple only): weights x kquant_ops / FP32 rate. Metal dequantizes k-quant super-blocks
+in the shader ALUs, so a chip with a low FP32 rate for its bandwidth (the M1 Max: 10.4 TFLOPS at 400 GB/s) is
+compute-bound on Q4_K_M: llama.cpp's Llama-3-8B table has it 27% slower than the M3 Max at the same bandwidth,
+while F16 is within 15%. One constant, fitted on the apple fit rows with the other two.
 
 Why two terms. The bandwidth ceiling alone (bytes / bandwidth) over-predicts small quantised models on
 fast GPUs: Llama-2-7B Q4_0 reads 3.8 GB, 2 ms at an A100's 1.9 TB/s, yet llama.cpp measures 7.3 ms per
@@ -29,6 +34,10 @@ from dataclasses import dataclass
 class DecodeCosts:
     efficiency: float  # share of the datasheet bandwidth reached while streaming weights and KV
     per_layer_s: float  # fixed seconds per transformer layer per decode step
+    # shader operations per weight to unpack and dot a k-quant block, where the GPU does it in its FP32 ALUs
+    # (Apple's Metal kernels; CUDA's integer dot-product kernels keep k-quants bandwidth-bound): the step is
+    # then the slower of streaming the weights and computing on them
+    kquant_ops: float = 0.0
 
 
 # Fitted by bench/estimator_eval/fit.py on the fit rows (rms log error 0.05-0.06 per class). No datacenter
@@ -41,7 +50,7 @@ DECODE_COSTS: dict[str, DecodeCosts] = {
     "datacenter-gddr": DecodeCosts(0.87, 98e-6),  # = workstation-gddr
     "workstation-gddr": DecodeCosts(0.87, 98e-6),  # 6 fit rows
     "consumer-gddr": DecodeCosts(0.97, 84e-6),  # 11 fit rows
-    "apple": DecodeCosts(0.91, 164e-6),  # 12 fit rows
+    "apple": DecodeCosts(0.92, 164e-6, 32.0),  # 12 fit rows
 }
 DEFAULT_COSTS = DecodeCosts(0.60, 0.0)
 
@@ -56,9 +65,23 @@ def costs_for(gpu_class: str) -> DecodeCosts:
     return DECODE_COSTS.get(gpu_class, DEFAULT_COSTS)
 
 
-def step_seconds(gpu_bytes: float, bandwidth_gbs: float, gpu_layers: int, costs: DecodeCosts) -> float:
-    """Time of one decode step for the part of the model on the GPU."""
-    return gpu_bytes / (bandwidth_gbs * 1e9 * costs.efficiency) + gpu_layers * costs.per_layer_s
+def step_seconds(
+    gpu_bytes: float, bandwidth_gbs: float, gpu_layers: int, costs: DecodeCosts, compute_s: float = 0.0
+) -> float:
+    """Time of one decode step for the part of the model on the GPU (`compute_s`: see compute_seconds)."""
+    return max(gpu_bytes / (bandwidth_gbs * 1e9 * costs.efficiency), compute_s) + gpu_layers * costs.per_layer_s
+
+
+def is_kquant(fmt: str) -> bool:
+    """llama.cpp's k-quants (q2_k ... q6_k, their _s/_m/_l mixes): 256-weight super-blocks with sub-block scales."""
+    return fmt.lower().startswith("q") and "_k" in fmt.lower()
+
+
+def compute_seconds(weights_on_gpu: float, fmt: str, fp32_tflops: float | None, costs: DecodeCosts) -> float:
+    """Seconds to unpack and dot `weights_on_gpu` k-quant weights once, where the class does it in FP32 ALUs."""
+    if not costs.kquant_ops or not fp32_tflops or not is_kquant(fmt):
+        return 0.0
+    return weights_on_gpu * costs.kquant_ops / (fp32_tflops * 1e12)
 
 
 def source_text(costs: DecodeCosts) -> str:

@@ -30,6 +30,7 @@ class WeightPlan:
     total_bytes: float
     per_layer_bytes: float
     non_layer_bytes: float  # embeddings + output head + norms
+    fmt: str = ""  # the weight format (decode speed depends on it beyond its bytes: decode_model.compute_seconds)
 
 
 def weight_plan(shape: ModelShape, fmt: str, exact_bytes: int | None = None) -> WeightPlan:
@@ -40,8 +41,8 @@ def weight_plan(shape: ModelShape, fmt: str, exact_bytes: int | None = None) -> 
     total = shape.layers * layer_params * bpw + emb * emb_bpw
     if exact_bytes:  # a GGUF file's tensors: scale our split to the exact total
         scale = exact_bytes / total
-        return WeightPlan(exact_bytes, layer_params * bpw * scale, emb * emb_bpw * scale)
-    return WeightPlan(total, layer_params * bpw, emb * emb_bpw)
+        return WeightPlan(exact_bytes, layer_params * bpw * scale, emb * emb_bpw * scale, fmt)
+    return WeightPlan(total, layer_params * bpw, emb * emb_bpw, fmt)
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_type: str, context: int) -> float:
@@ -123,7 +124,10 @@ def decode_speed(
     if measured_eff is not None:
         return ceiling, ceiling * measured_eff
     costs = decode_model.costs_for(gpu.gpu_class)
-    return ceiling, batch / (decode_model.step_seconds(gpu_bytes, gpu.bandwidth_gbs, n_layers, costs) + cpu_s)
+    weights_on_gpu = shape.linear_params_per_layer() * n_layers + (shape.vocab * shape.hidden if n_layers else 0)
+    compute_s = decode_model.compute_seconds(weights_on_gpu, wp.fmt, gpu.fp32_tflops, costs)
+    step_s = decode_model.step_seconds(gpu_bytes, gpu.bandwidth_gbs, n_layers, costs, compute_s)
+    return ceiling, batch / (step_s + cpu_s)
 
 
 def estimate_on_gpu(

@@ -151,6 +151,14 @@ def static_memory(shape: ModelShape, p: TrainingPlanInput) -> dict[str, float]:
     return {"weights": n * wbytes, "trainable": 0.0, "grads": wbytes * n, "optimizer": opt}
 
 
+def resident(static: dict[str, float], p: TrainingPlanInput) -> float:
+    """Bytes that must stay on the GPU: a paged optimizer's state (bitsandbytes paged_adamw_*) lives in CUDA
+    unified memory, which the driver moves to host RAM when the GPU fills (Dettmers et al., "QLoRA", arXiv
+    2305.14314, Sec. 2: paged optimizers), so it is shown but not counted in the GPU total."""
+    paged = p.optimizer.startswith("paged_")
+    return sum(v for k, v in static.items() if not (paged and k == "optimizer"))
+
+
 def optimizer_bytes(optim: str, param_bytes: int) -> float:
     """State bytes per parameter: torch's optimizers keep their states in the parameter's dtype, bitsandbytes'
     keep theirs in 8 bit (or fp32 for the 32-bit variants) whatever the parameter is."""
@@ -175,7 +183,7 @@ def activation_bytes(shape: ModelShape, p: TrainingPlanInput, micro_batch: int, 
 def memory_at(shape: ModelShape, p: TrainingPlanInput, micro_batch: int, gc: bool, factor: float) -> TrainingMemory:
     st = static_memory(shape, p)
     acts, logits = activation_bytes(shape, p, micro_batch, gc)
-    total = sum(st.values()) + factor * (acts + logits) + TRAINING_OVERHEAD_GB * GB
+    total = resident(st, p) + factor * (acts + logits) + TRAINING_OVERHEAD_GB * GB
     return TrainingMemory(
         weights_gb=round(st["weights"] / GB, 3),
         trainable_weights_gb=round(st["trainable"] / GB, 3),
@@ -361,7 +369,7 @@ def _wall_hours(run: RunInput, global_batch: int | None, seq_len: int, tokens_pe
 def measured_activation_factor(
     shape: ModelShape, plan: TrainingPlanInput, micro_batch: int, peak_gb: float
 ) -> float | None:
-    static = sum(static_memory(shape, plan).values()) + TRAINING_OVERHEAD_GB * 1e9
+    static = resident(static_memory(shape, plan), plan) + TRAINING_OVERHEAD_GB * 1e9
     acts, logits = activation_bytes(shape, plan, micro_batch, plan.gradient_checkpointing)
     factor = (peak_gb * 1e9 - static) / (acts + logits)
     return factor if factor > 0 else None

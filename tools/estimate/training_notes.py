@@ -29,7 +29,13 @@ def assumptions(req: Any, fmt: str, usd_per_kwh: float) -> list[str]:
             else "; trainable weights and gradients fp32 (peft casts adapters to fp32)"
         )
         + f"; optimizer {req.optim} = {OPTIMIZER_BYTES[req.optim]:g} bytes per trainable fp32 parameter "
-        f"({OPTIMIZER_SOURCE}).",
+        f"({OPTIMIZER_SOURCE})"
+        + (
+            "; a paged optimizer's state lives in CUDA unified memory the driver moves to host RAM when the GPU "
+            "fills (QLoRA, arXiv 2305.14314): shown, not counted in the GPU total."
+            if str(req.optim).startswith("paged_")
+            else "."
+        ),
         f"Micro-batch: the largest that fits, up to {MICRO_BATCH_TOKENS} tokens (micro-batch x max_length: "
         "larger ones add memory, not speed); the global batch comes from gradient accumulation.",
         "Activations: textbook 16-bit count per token per layer (12h + 4 kv_dim + 8 ffn, SDPA attention; "
