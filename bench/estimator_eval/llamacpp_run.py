@@ -140,7 +140,7 @@ def main() -> None:
             )
             continue
         n_ctx, ub, fa, filled = settings(r)
-        now = compute_buffer_bytes(shape_of(r), n_ctx, 1) / MIB
+        now = compute_buffer_bytes(shape_of(r), n_ctx, 1, flash_attn=bool(fa), ubatch=ub) / MIB
         prop = proposed_bytes(r, a, b) / MIB
         cur[s].append(err(now, printed))
         new[s].append(err(prop, printed))
@@ -159,7 +159,9 @@ def main() -> None:
         'compute_buffer_mib"), every third row a check row, fixed before fitting. `*`: n_ubatch / flash '
         "attention not printed, llama.cpp defaults (512, off) used.",
         "",
-        "Current = `compute_buffer_bytes(shape, n_ctx, 1)` (fixed 512-token ubatch, no flash-attention term). "
+        "Current = gpubox's `compute_buffer_bytes(shape, n_ctx, 1, flash_attn, ubatch)` (tools/estimate/inference.py; "
+        "before 2026-11-25 a fixed 512-token ubatch, no flash-attention case and a larger scratch term: "
+        "estimator_llamacpp_memory_before.md). "
         f"Proposed = max(logits + a*h, KQ + mask + b*h), fitted on fit rows: a = {a:.2f} ({n_a} logits-bound rows), "
         f"b = {b:.2f} ({n_b} KQ-bound rows); logits = ub*n_vocab*4, KQ = ub*n_ctx*n_head*4 (0 with flash "
         "attention), mask = ub*n_ctx*4 (0 with flash attention), h = ub*n_embd*4, ub = min(n_ubatch, n_ctx).",

@@ -51,19 +51,24 @@ def kv_bytes_per_token(shape: ModelShape, kv_type: str, context: int) -> float:
     return per_layer * shape.kv_layers_at(context)
 
 
-def compute_buffer_bytes(shape: ModelShape, context: int, batch: int) -> float:
-    # llama.cpp's largest graph buffer: logits of one ubatch (fp32) or the attention scores of one ubatch
-    # against the whole context (fp32, without flash attention), whichever is larger, plus hidden scratch.
-    ub = min(N_UBATCH, max(context * batch, 1))
-    logits = ub * shape.vocab * 4
-    scores = ub * shape.heads * min(context, 1 << 20) * 4
-    scratch = ub * (shape.hidden + shape.intermediate) * 4 * 2
-    return max(logits, scores) + scratch
+def compute_buffer_bytes(
+    shape: ModelShape, context: int, batch: int, flash_attn: bool = False, ubatch: int = N_UBATCH
+) -> float:
+    """llama.cpp's compute buffer: the larger of two peaks of one ubatch's graph, never their sum: the fp32
+    logits plus one hidden-state row per token, or (without flash attention) the fp32 attention scores and mask
+    against the whole context plus four hidden-state rows. Fitted on published load logs ('compute buffer size'
+    lines; bench/results/estimator_llamacpp_memory.md: 11 logs, 8 models, check rows within 3.1%)."""
+    ub = min(ubatch, max(context * batch, 1))
+    hidden = ub * shape.hidden * 4
+    logits = ub * shape.vocab * 4 + hidden
+    ctx = min(context, 1 << 20)
+    scores = 0 if flash_attn else ub * ctx * (shape.heads + 1) * 4 + 4 * hidden
+    return max(logits, scores)
 
 
 def memory(shape: ModelShape, wp: WeightPlan, kv_type: str, context: int, batch: int) -> InferenceMemory:
     kv = kv_bytes_per_token(shape, kv_type, context) * context * batch
-    comp = compute_buffer_bytes(shape, context, batch)
+    comp = compute_buffer_bytes(shape, context, batch, flash_attn=kv_type != "f16")  # as the loader sets it
     total = wp.total_bytes + kv + comp + RUNTIME_OVERHEAD_GB * GB
     return InferenceMemory(
         weights_gb=round(wp.total_bytes / GB, 3),
@@ -94,7 +99,7 @@ def max_context(shape: ModelShape, wp: WeightPlan, kv_type: str, batch: int, ava
 
 def gpu_layers(shape: ModelShape, wp: WeightPlan, kv_type: str, context: int, batch: int, avail: float) -> int:
     """llama.cpp n_gpu_layers for a partial offload: each offloaded layer brings its weights and its KV."""
-    fixed = compute_buffer_bytes(shape, context, batch) + RUNTIME_OVERHEAD_GB * GB
+    fixed = compute_buffer_bytes(shape, context, batch, flash_attn=kv_type != "f16") + RUNTIME_OVERHEAD_GB * GB
     kv_layer = 2 * shape.kv_heads * shape.head_dim * kv_bytes(kv_type) * context * batch
     per_layer = wp.per_layer_bytes + kv_layer
     if avail <= fixed:
@@ -236,8 +241,10 @@ ASSUMPTIONS = [
     "GGUF file's exact tensor bytes are used when given a path.",
     "KV cache = 2 x layers x kv_heads x head_dim x bytes(kv type) x context x batch; sliding-window layers "
     "(e.g. Gemma-3) hold only their window.",
-    f"Compute buffers: llama.cpp-style graph buffer for a {N_UBATCH}-token ubatch (logits or attention scores "
-    f"without flash attention, fp32); runtime overhead {RUNTIME_OVERHEAD_GB} GB (CUDA context, cuBLAS).",
+    f"Compute buffers: llama.cpp's graph buffer for a {N_UBATCH}-token ubatch, the larger of fp32 logits and "
+    "(without flash attention, which gpubox turns on only for a quantised KV cache) fp32 attention scores against "
+    "the whole context, fitted to published load logs; runtime overhead "
+    f"{RUNTIME_OVERHEAD_GB} GB (CUDA context, cuBLAS).",
     "Decode ceiling = bandwidth / (weights + KV read at half the context per sequence); expected step time = "
     "bytes / (bandwidth x class efficiency) + layers x a fixed per-layer cost (kernel launches, dequantisation, "
     "sampling), both fitted per GPU class to published llama.cpp runs (github.com/XiongjieDai/"
