@@ -266,3 +266,21 @@ def test_an_indexing_run_above_its_estimate_is_remembered_for_the_next(
         assert led.holding("indexing r") is None  # and the run's own reservation was released
     finally:
         state_of(mcp).close()
+
+
+async def test_an_index_built_by_an_older_chunker_is_chunked_again_keeping_its_vectors(search_env: Any) -> None:
+    from gpubox.tools.search.chunker import CHUNKER_VERSION
+
+    repo = make_repo(search_env[1] / "old")
+    store = search_service(state_of(search_env[0])).store("old", create=True)
+    async with Client(search_env[0]) as client:
+        first = await call_ok(client, "search_index", path=str(repo), name="old")
+        assert store.meta()["chunker"] == CHUNKER_VERSION
+        with store.transaction() as db:
+            store.set_meta(db, chunker=CHUNKER_VERSION - 1)  # as an index from the previous release reads
+        res = await call_ok(client, "search_index", path=str(repo), name="old")
+        assert res["changed_files"] == first["files"] and res["added_files"] == 0 and res["removed_files"] == 0
+        assert res["embedded_chunks"] == 0 and res["chunks"] == first["chunks"]  # same texts: vectors reused
+        assert store.meta()["chunker"] == CHUNKER_VERSION
+        again = await call_ok(client, "search_index", path=str(repo), name="old")
+        assert again["message"] == "up to date"

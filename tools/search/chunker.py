@@ -3,63 +3,34 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox.tools.search.symbols import (
+    CONTAINERS,
+    GRAMMAR,
+    MEMBER_CONTAINERS,
+    MERGE_CLAUSES,
+    METHOD_PARENTS,
+    SPLIT_WRAPPERS,
+    SYMBOLS,
+    Sym,
+    classify,
+    merge_clauses,
+)
+
 log = logging.getLogger("gpubox.search")
 
+# Bumped when chunk boundaries change: an index built by an older chunker re-chunks every file on its next run.
+# 2: symbols for C#, Ruby, PHP, Kotlin, Swift, Scala, Bash, Lua, Zig, Elixir and Haskell.
+CHUNKER_VERSION = 2
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
 
-# node type -> kind, per tree-sitter grammar
-SYMBOLS: dict[str, dict[str, str]] = {
-    "python": {"function_definition": "function", "class_definition": "class"},
-    "javascript": {
-        "function_declaration": "function",
-        "generator_function_declaration": "function",
-        "class_declaration": "class",
-        "method_definition": "method",
-        "variable_declarator": "function",
-    },
-    "go": {"function_declaration": "function", "method_declaration": "method", "type_spec": "type"},
-    "rust": {
-        "function_item": "function",
-        "impl_item": "impl",
-        "struct_item": "struct",
-        "enum_item": "enum",
-        "trait_item": "trait",
-        "mod_item": "module",
-        "macro_definition": "macro",
-    },
-    "java": {
-        "class_declaration": "class",
-        "interface_declaration": "interface",
-        "enum_declaration": "enum",
-        "record_declaration": "class",
-        "method_declaration": "method",
-        "constructor_declaration": "method",
-    },
-    "c": {"function_definition": "function", "struct_specifier": "struct", "enum_specifier": "enum"},
-    "cpp": {
-        "function_definition": "function",
-        "class_specifier": "class",
-        "struct_specifier": "struct",
-        "enum_specifier": "enum",
-        "namespace_definition": "namespace",
-    },
-}
-SYMBOLS["typescript"] = {
-    **SYMBOLS["javascript"],
-    "interface_declaration": "interface",
-    "type_alias_declaration": "type",
-    "enum_declaration": "enum",
-    "abstract_class_declaration": "class",
-}
-SYMBOLS["tsx"] = SYMBOLS["typescript"]
 LEADING = ("@", "#[", "//", "/*", "*", "# ", "--", '"""')  # decorators, attributes and comments above a symbol
-CONTAINERS = {"class", "impl", "trait", "interface", "namespace", "module"}
-FUNCTION_VALUES = {"arrow_function", "function_expression", "function"}
+COMMENTS = tuple(m for m in LEADING if m != '"""')  # a docstring's closing quotes end a class header
 
 
 @dataclass
@@ -116,55 +87,48 @@ def windows(
     return out
 
 
-def _name(node: Any) -> str | None:
-    n = node.child_by_field_name("name")
-    if n is not None:
-        return n.text.decode(errors="replace")
-    decl = node.child_by_field_name("declarator")  # C/C++: int *foo(int) -> dig to the identifier
-    while decl is not None:
-        if decl.type in ("identifier", "field_identifier", "qualified_identifier", "destructor_name", "operator_name"):
-            return decl.text.decode(errors="replace")
-        decl = decl.child_by_field_name("declarator") or (decl.named_children[0] if decl.named_children else None)
-    t = node.child_by_field_name("type")  # Rust `impl<'a> Foo<'a>` -> Foo
-    return t.text.decode(errors="replace").split("<")[0].strip() if t is not None else None
+# no brace opens their bodies (`def f(x)`, `def f(x) do`, `f :: Int -> Int`): a line that does not end on a
+# continuation ends the signature; Scala and Kotlin `def f(x: Int): Int =` end on `=`
+_OPEN_ENDED = {"ruby", "lua", "bash", "elixir", "haskell"}
+_ENDS = {"scala": ("=",), "kotlin": ("=",)}
 
 
-def _signature(lines: list[str], start: int) -> str:
+def _signature(lines: list[str], start: int, language: str = "") -> str:
     """The opening line(s) of a definition: up to the line that opens its body (at most 4 lines)."""
     out = []
     for line in lines[start : start + 4]:
         out.append(line.strip())
-        if line.rstrip().endswith((":", "{", "=>")) or "{" in line:
+        end = line.rstrip()
+        if end.endswith((":", "{", "=>", *_ENDS.get(language, ()))) or "{" in line:
+            break
+        if language in _OPEN_ENDED and not end.endswith((",", "(", "\\", "|")):
             break
     return " ".join(out)
-
-
-def _receiver(node: Any) -> str | None:
-    """Go: the receiver type of `func (c *Command) Find()` -> Command."""
-    recv = node.child_by_field_name("receiver")
-    if recv is None:
-        return None
-    idents = [n for n in _walk(recv) if n.type == "type_identifier"]
-    return idents[0].text.decode(errors="replace") if idents else None
-
-
-def _walk(node: Any) -> list[Any]:
-    out, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(reversed(n.named_children))
-    return out
 
 
 def _parser(language: str) -> Any | None:
     try:
         from tree_sitter_language_pack import get_parser
 
-        return get_parser(language)  # type: ignore[arg-type]
+        return get_parser(GRAMMAR.get(language, language))  # type: ignore[arg-type]
     except Exception as exc:  # grammar missing: fall back to windows
         log.debug("no tree-sitter grammar for %s: %s", language, exc)
         return None
+
+
+_BATS_TEST = re.compile(r"^(\s*)@test\s+(.+?)\s*\{\s*$")
+
+
+def _bats(lines: list[str]) -> tuple[str, dict[int, str]]:
+    """bats-core's `@test "name" {` is no shell: parse it as a function (same line count), named by its label."""
+    names: dict[int, str] = {}
+    out = list(lines)
+    for i, line in enumerate(lines):
+        m = _BATS_TEST.match(line)
+        if m:
+            names[i] = m.group(2).strip("\"'")
+            out[i] = f"{m.group(1)}bats_test_{i}() {{"
+    return "\n".join(out), names
 
 
 def chunk_text(text: str, language: str) -> list[Chunk]:
@@ -175,30 +139,28 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     parser = _parser(language) if kinds else None
     if parser is None or kinds is None:
         return windows(lines, 0, len(lines), None, "window")
-    tree = parser.parse(text.encode())
+    labels: dict[int, str] = {}
+    if language == "bash" and any(line.lstrip().startswith("@test") for line in lines):
+        text, labels = _bats(lines)
+    src = text.encode()
+    tree = parser.parse(src)
+    containers = CONTAINERS | MEMBER_CONTAINERS.get(language, set())
     out: list[Chunk] = []
     covered = [False] * len(lines)
 
-    def emit(node: Any, parent_kind: str | None, parent: str | None = None) -> None:
-        kind = kinds[node.type]
-        if node.type == "variable_declarator":
-            value = node.child_by_field_name("value")
-            if value is None or value.type not in FUNCTION_VALUES:
-                return
-            # cover the whole `const f = () => ...;` statement
-            node = node.parent if node.parent is not None else node
-        if kind == "function" and parent_kind in ("class", "impl", "interface", "trait"):
+    def emit(sym: Sym, parent_kind: str | None, parent: str | None = None) -> None:
+        kind, name = sym.kind, labels.get(sym.start, sym.name)
+        if kind == "function" and parent_kind in METHOD_PARENTS:
             kind = "method"
-        name = _name(node) if node.type != "lexical_declaration" else _name(node.named_children[0])
-        if node.type == "method_declaration" and language == "go":
-            parent = _receiver(node) or parent
-        s, e = node.start_point[0], node.end_point[0]
-        sig = _signature(lines, s)
+        parent = sym.parent or parent
+        s, e = sym.start, sym.end
+        sig = _signature(lines, sym.node.start_point[0], language)  # the def line, not an Elixir @doc above it
         # decorators/comments directly above belong to the symbol
         while s > 0 and not covered[s - 1] and lines[s - 1].lstrip().startswith(LEADING):
             s -= 1
-        inner = [c for c in _symbol_children(node)] if kind in CONTAINERS else []
-        if e - s + 1 <= MAX_LINES or (not inner and kind not in ("function", "method")):
+        inner = _symbol_children(sym.node) if kind in containers else []
+        wrapper = kind == SPLIT_WRAPPERS.get(language) and any(c.kind in containers for c in inner)
+        if (e - s + 1 <= MAX_LINES and not wrapper) or (not inner and kind not in ("function", "method")):
             if e - s + 1 <= MAX_LINES:
                 out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind, parent))
             else:
@@ -207,9 +169,13 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
                 covered[i] = True
             return
         if inner:
-            first = inner[0].start_point[0]
-            header_end = max(s, first - 1)
-            out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
+            header_end = max(s, inner[0].start - 1)
+            while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
+                header_end -= 1  # the first member's doc comment and decorators are its own
+            if header_end - s + 1 <= MAX_LINES:
+                out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
+            else:  # a long preamble (a Lua config table before its first callback) is windowed too
+                out.extend(windows(lines, s, header_end + 1, name, kind, parent, sig))
             for i in range(s, header_end + 1):
                 covered[i] = True
             for child in inner:
@@ -219,16 +185,18 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         for i in range(s, e + 1):
             covered[i] = True
 
-    def _symbol_children(node: Any) -> list[Any]:
-        found: list[Any] = []
+    def _symbol_children(node: Any) -> list[Sym]:
+        found: list[Sym] = []
         stack = list(reversed(node.named_children))
         while stack:
             n = stack.pop()
-            if n.type in kinds:
-                found.append(n)
-            else:
+            sym = classify(language, n, src) if n.type in kinds else None
+            if sym is not None:
+                found.append(sym)
+            elif not (n.type == "variable_declarator" and n.type in kinds):
+                # an Elixir call that is no def, a Lua table, may hold definitions; JS `const x = 1` holds none
                 stack.extend(reversed(n.named_children))
-        return found
+        return merge_clauses(found) if language in MERGE_CLAUSES else found
 
     for top in _symbol_children(tree.root_node):
         emit(top, None)

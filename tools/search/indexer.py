@@ -18,7 +18,7 @@ from typing import Any
 from gpubox.errors import BusyError, InvalidInputError
 from gpubox.paths import read_inside
 from gpubox.tools.search import vectors
-from gpubox.tools.search.chunker import Chunk, chunk_text, embedding_text
+from gpubox.tools.search.chunker import CHUNKER_VERSION, Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.store import IndexStore, fsync_write
 from gpubox.tools.search.walker import WalkOptions, WalkResult, walk
@@ -127,7 +127,9 @@ def run_index(
     progress.files_total = len(result.files)
     known = store.file_hashes()
     progress.phase = "chunking"
-    scan = _scan(root, result, known, progress)
+    # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors)
+    stale = meta.get("chunker") != CHUNKER_VERSION and bool(known)
+    scan = _scan(root, result, {p: "" for p in known} if stale else known, progress)
     removed = [p for p in known if p not in scan.seen]
     if not scan.per_file and not removed:
         _close_interrupted_run(store, meta)
@@ -335,6 +337,8 @@ class _Publisher:
                 device=self.embedder.device,
                 embed_chunks_per_s=rate,
                 run=run,
+                # written by the last commit only: an interrupted re-chunking run is finished by the next run
+                chunker=CHUNKER_VERSION if last else self.meta.get("chunker"),
             ),
         )
 

@@ -1,0 +1,732 @@
+"""Symbol chunking (tools/search/chunker.py, symbols.py) of the languages of semble's code-search benchmark beyond
+the first eight: each grammar's definitions become (symbol, kind) chunks, methods know their class, and a class
+longer than MAX_LINES is cut into its members. Tree-sitter only: no embedding model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubox.tools.search.chunker import MAX_LINES, Chunk, chunk_text
+from gpubox.tools.search.walker import language_of
+
+CSHARP = """\
+using System;
+
+namespace Dapper.Tests
+{
+    /// <summary>Reads rows.</summary>
+    public interface IRowReader { object Read(int index); }
+
+    public struct Point
+    {
+        public int X;
+        public Point(int x) { X = x; }
+        public int Twice() => X * 2;
+    }
+
+    public enum Color { Red, Green }
+
+    public record Person(string Name);
+
+    [Serializable]
+    public class SqlMapper : IRowReader
+    {
+        private int _count;
+
+        public SqlMapper() { _count = 0; }
+
+        /// <summary>Reads one row.</summary>
+        public object Read(int index)
+        {
+            _count++;
+            return index;
+        }
+
+        public static SqlMapper operator +(SqlMapper a, SqlMapper b) => a;
+        public static explicit operator int(SqlMapper m) => m._count;
+    }
+}
+"""
+
+RUBY = """\
+require "rack"
+
+module Sinatra
+  # Lets a request be read.
+  class Request < Rack::Request
+    def accept?(type)
+      preferred_type(type)
+    end
+
+    def self.build(env)
+      new(env)
+    end
+  end
+
+  module Helpers
+    def status(value = nil)
+      response.status = value
+    end
+  end
+end
+
+def helper(x)
+  x
+end
+"""
+
+PHP = """\
+<?php declare(strict_types=1);
+
+namespace Monolog\\Handler;
+
+use Monolog\\Logger;
+
+/**
+ * Base handler.
+ */
+abstract class AbstractHandler implements HandlerInterface
+{
+    protected int $level = Logger::DEBUG;
+
+    public function __construct(int $level = Logger::DEBUG)
+    {
+        $this->level = $level;
+    }
+
+    #[\\ReturnTypeWillChange]
+    public function isHandling(array $record): bool
+    {
+        return $record['level'] >= $this->level;
+    }
+}
+
+interface HandlerInterface
+{
+    public function handle(array $record): bool;
+}
+
+trait ProcessableHandlerTrait
+{
+    public function pushProcessor(callable $callback): self
+    {
+        return $this;
+    }
+}
+
+enum Level: int
+{
+    case Debug = 100;
+
+    public function getName(): string
+    {
+        return 'DEBUG';
+    }
+}
+
+function helper($x)
+{
+    return $x;
+}
+"""
+
+KOTLIN = """\
+package io.ktor.server.application
+
+import kotlinx.coroutines.CoroutineScope
+
+/** The running application. */
+class Application(val environment: String) : CoroutineScope {
+    fun start(wait: Boolean = false): Application {
+        return this
+    }
+
+    companion object Factory {
+        fun create(): Application = Application("test")
+    }
+}
+
+interface Plugin<T> {
+    fun install(pipeline: T)
+}
+
+object Registry {
+    fun register(name: String) {}
+}
+
+enum class Color {
+    RED;
+
+    fun hex(): Int = 1
+}
+
+fun <T> List<T>.second(): T = this[1]
+"""
+
+SWIFT = """\
+import Foundation
+
+/// A session.
+open class Session {
+    public let id: Int
+
+    public init(id: Int) {
+        self.id = id
+    }
+
+    /// Makes a request.
+    @discardableResult
+    open func request(_ url: String) -> DataRequest {
+        return DataRequest()
+    }
+}
+
+public struct Point {
+    var x: Int
+    func norm() -> Int { x }
+}
+
+enum Method: String {
+    case get
+    func lowercased() -> String { rawValue }
+}
+
+protocol Handler {
+    func handle(_ request: Request) async throws -> Response
+}
+
+extension Session: Handler {
+    func handle(_ request: Request) async throws -> Response { fatalError() }
+}
+
+func topLevel<T>(_ x: T) -> T { x }
+"""
+
+SCALA = """\
+package cats
+package data
+
+import cats.syntax.all._
+
+/** Represents a function `A => F[B]`. */
+final case class Kleisli[F[_], A, B](run: A => F[B]) { self =>
+  def map[C](f: B => C)(implicit F: Functor[F]): Kleisli[F, A, C] =
+    Kleisli(a => F.map(run(a))(f))
+}
+
+object Kleisli extends KleisliInstances {
+  def pure[F[_], A, B](x: B): Kleisli[F, A, B] = ???
+}
+
+trait Functor[F[_]] {
+  def fmap[A, B](fa: F[A])(f: A => B): F[B]
+}
+
+enum Color {
+  case Red
+  def hex: Int = 1
+}
+
+extension (s: String)
+  def shout: String = s.toUpperCase
+
+def top(x: Int): Int = x
+"""
+
+BASH = """\
+#!/usr/bin/env bash
+set -e
+
+# Prints the version.
+nvm_version() {
+  local PATTERN
+  PATTERN="${1-}"
+  echo "$PATTERN"
+}
+
+function nvm_ls_remote {
+  nvm_version "$@"
+}
+
+main "$@"
+"""
+
+BATS = """\
+#!/usr/bin/env bats
+
+load test_helper
+
+@test "bats runs a passing test" {
+  run bats "$FIXTURE_ROOT/passing.bats"
+  [ "$status" -eq 0 ]
+}
+
+setup() {
+  make_bats_test_suite_tmpdir
+}
+"""
+
+LUA = """\
+--- Lazy config.
+local M = {}
+
+---@param opts table
+function M.setup(opts)
+  M.opts = opts
+end
+
+function M.Foo:bar(x)
+  return self
+end
+
+local function helper(a, b)
+  return a + b
+end
+
+M.handler = function(ev)
+  return ev
+end
+
+M.task = {
+  skip = function(plugin)
+    return false
+  end,
+  name = "task",
+}
+
+return M
+"""
+
+ZIG = """\
+const std = @import("std");
+
+/// A parser.
+pub const Parser = struct {
+    allocator: std.mem.Allocator,
+
+    pub fn init(allocator: std.mem.Allocator) Parser {
+        return .{ .allocator = allocator };
+    }
+
+    fn deinit(self: *Parser) void {
+        _ = self;
+    }
+};
+
+pub const Color = enum {
+    red,
+    green,
+
+    pub fn isRed(c: Color) bool {
+        return c == .red;
+    }
+};
+
+pub fn main() !void {
+    std.debug.print("hi\\n", .{});
+}
+
+test "parser init" {
+    try std.testing.expect(true);
+}
+"""
+
+ELIXIR = """\
+defmodule Plug.Conn do
+  @moduledoc \"\"\"
+  The connection.
+  \"\"\"
+  alias Plug.Conn
+
+  defstruct adapter: nil, halted: false
+
+  @doc \"\"\"
+  Assigns a value.
+  \"\"\"
+  @spec assign(t, atom, term) :: t
+  def assign(%Conn{assigns: assigns} = conn, key, value) when is_atom(key) do
+    %{conn | assigns: Map.put(assigns, key, value)}
+  end
+
+  def halt(%Conn{} = conn), do: %{conn | halted: true}
+  def halt(conn), do: conn
+
+  defp run_before_send(conn), do: conn
+
+  defmacro __using__(_opts) do
+    quote do
+      import Plug.Conn
+    end
+  end
+
+  defmodule NotSentError do
+    defexception message: "not sent"
+  end
+
+  defprotocol Size do
+    def size(data)
+  end
+
+  defimpl Size, for: Map do
+    def size(map), do: map_size(map)
+  end
+end
+"""
+
+HASKELL = """\
+{-# LANGUAGE OverloadedStrings #-}
+-- | JSON values.
+module Data.Aeson.Types
+  ( Value(..)
+  , decode
+  ) where
+
+import qualified Data.Text as T
+
+-- | A JSON value.
+data Value = Object Object | Null
+  deriving (Eq, Show)
+
+newtype Parser a = Parser { runParser :: a }
+
+-- | Types that can be parsed.
+class FromJSON a where
+  parseJSON :: Value -> Parser a
+  parseJSON _ = undefined
+
+instance FromJSON Bool where
+  parseJSON (Bool b) = pure b
+  parseJSON _ = fail "expected Bool"
+
+-- | Decode a value.
+decode :: FromJSON a => ByteString -> Maybe a
+decode bs = case parse bs of
+  Just v -> Just v
+  Nothing -> Nothing
+
+main = do
+  print 1
+"""
+
+CASES: dict[str, tuple[str, str, set[tuple[str, str]], set[tuple[str, str]]]] = {
+    # language: (walker language, source, (symbol, kind) pairs, (method, parent) pairs)
+    "csharp": (
+        "csharp",
+        CSHARP,
+        {
+            ("IRowReader", "interface"),
+            ("Point", "struct"),
+            ("Color", "enum"),
+            ("Person", "class"),
+            ("SqlMapper", "class"),
+        },
+        set(),
+    ),
+    "ruby": (
+        "ruby",
+        RUBY,
+        {("Sinatra", "module"), ("Request", "class"), ("Helpers", "module"), ("helper", "method")},
+        {("Request", "Sinatra"), ("Helpers", "Sinatra")},  # a module wrapping classes is split
+    ),
+    "php": (
+        "php",
+        PHP,
+        {
+            ("AbstractHandler", "class"),
+            ("HandlerInterface", "interface"),
+            ("ProcessableHandlerTrait", "trait"),
+            ("Level", "enum"),
+            ("helper", "function"),
+        },
+        set(),
+    ),
+    "kotlin": (
+        "kotlin",
+        KOTLIN,
+        {
+            ("Application", "class"),
+            ("Plugin", "interface"),
+            ("Registry", "class"),
+            ("Color", "enum"),
+            ("second", "function"),
+        },
+        set(),
+    ),
+    "swift": (
+        "swift",
+        SWIFT,
+        {
+            ("Session", "class"),
+            ("Point", "struct"),
+            ("Method", "enum"),
+            ("Handler", "interface"),
+            ("Session", "impl"),
+            ("topLevel", "function"),
+        },
+        set(),
+    ),
+    "scala": (
+        "scala",
+        SCALA,
+        {
+            ("Kleisli", "class"),
+            ("Functor", "trait"),
+            ("Color", "enum"),
+            ("String", "impl"),
+            ("top", "function"),
+        },
+        set(),
+    ),
+    "bash": ("bash", BASH, {("nvm_version", "function"), ("nvm_ls_remote", "function")}, set()),
+    "bats": ("bash", BATS, {("bats runs a passing test", "function"), ("setup", "function")}, set()),
+    "lua": (
+        "lua",
+        LUA,
+        {("setup", "function"), ("bar", "function"), ("helper", "function"), ("handler", "function")},
+        {("setup", "M"), ("bar", "M.Foo"), ("handler", "M")},
+    ),
+    "zig": (
+        "zig",
+        ZIG,
+        {("Parser", "struct"), ("Color", "enum"), ("main", "function"), ("parser init", "function")},
+        set(),
+    ),
+    "elixir": (
+        "elixir",
+        ELIXIR,
+        {
+            ("Plug.Conn", "module"),
+            ("assign", "function"),
+            ("halt", "function"),
+            ("run_before_send", "function"),
+            ("__using__", "function"),
+            ("NotSentError", "module"),
+            ("Size", "interface"),
+            ("Size.Map", "impl"),
+        },
+        {("assign", "Plug.Conn"), ("NotSentError", "Plug.Conn"), ("Size.Map", "Plug.Conn")},
+    ),
+    "haskell": (
+        "haskell",
+        HASKELL,
+        {
+            ("Value", "type"),
+            ("Parser", "type"),
+            ("FromJSON", "class"),
+            ("Bool", "impl"),
+            ("decode", "function"),
+            ("main", "function"),
+        },
+        set(),
+    ),
+}
+
+
+def _pairs(chunks: list[Chunk]) -> set[tuple[str, str]]:
+    return {(c.symbol, c.kind) for c in chunks if c.symbol}
+
+
+def _one(chunks: list[Chunk], symbol: str, kind: str | None = None) -> Chunk:
+    found = [c for c in chunks if c.symbol == symbol and (kind is None or c.kind == kind)]
+    assert len(found) == 1, (symbol, [(c.symbol, c.kind, c.start_line) for c in chunks])
+    return found[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_symbols_of_each_language(case: str) -> None:
+    language, source, expected, parents = CASES[case]
+    chunks = chunk_text(source, language)
+    assert expected <= _pairs(chunks), sorted(_pairs(chunks))
+    for c in chunks:  # chunks are whole lines of the source, in order
+        assert c.text == "\n".join(source.splitlines()[c.start_line - 1 : c.end_line])
+    for method, parent in parents:
+        assert any(c.symbol == method and c.parent == parent for c in chunks), (method, parent)
+
+
+def test_doc_comments_and_attributes_stay_with_their_symbol() -> None:
+    assert _one(chunk_text(CSHARP, "csharp"), "IRowReader").text.lstrip().startswith("/// <summary>Reads rows.")
+    assert _one(chunk_text(CSHARP, "csharp"), "SqlMapper").text.lstrip().startswith("[Serializable]")
+    assert _one(chunk_text(RUBY, "ruby"), "Request").text.lstrip().startswith("# Lets a request be read.")
+    assert _one(chunk_text(PHP, "php"), "AbstractHandler").text.startswith("/**\n * Base handler.")
+    assert _one(chunk_text(KOTLIN, "kotlin"), "Application").text.startswith("/** The running application. */")
+    assert _one(chunk_text(SWIFT, "swift"), "Session", "class").text.startswith("/// A session.")
+    assert chunk_text(SCALA, "scala")[1].text.startswith("/** Represents a function")
+    assert _one(chunk_text(BASH, "bash"), "nvm_version").text.startswith("# Prints the version.")
+    assert _one(chunk_text(LUA, "lua"), "setup").text.startswith("---@param opts table")
+    assert _one(chunk_text(ZIG, "zig"), "Parser").text.startswith("/// A parser.")
+    assert _one(chunk_text(HASKELL, "haskell"), "FromJSON").text.startswith("-- | Types that can be parsed.")
+
+
+def test_elixir_defs_are_calls_but_only_defs_are_symbols() -> None:
+    chunks = chunk_text(ELIXIR, "elixir")
+    symbols = {c.symbol for c in chunks if c.symbol}
+    assert not symbols & {"alias", "defstruct", "quote", "import", "moduledoc", "defexception"}
+    # the module wraps another module, so it is split into its members whatever its length
+    assert _one(chunks, "Plug.Conn").end_line < _one(chunks, "assign").start_line
+    # `@doc \"\"\"...\"\"\"` and `@spec` above a def belong to it; the two `halt` clauses are one symbol
+    assert _one(chunks, "assign").text.lstrip().startswith('@doc """')
+    halt = _one(chunks, "halt")
+    assert halt.end_line - halt.start_line == 1 and halt.text.count("def halt") == 2
+
+
+def test_haskell_signature_and_equations_are_one_symbol() -> None:
+    chunks = chunk_text(HASKELL, "haskell")
+    decode = _one(chunks, "decode")
+    assert decode.text.startswith("-- | Decode a value.\ndecode :: FromJSON a")
+    assert decode.text.rstrip().endswith("Nothing -> Nothing")
+    assert "parseJSON" not in {c.symbol for c in chunks}  # short class and instance stay whole
+    # a kind annotation inside a type is no definition
+    odd = "deriving via (a :: Type) instance FromJSON a => FromJSON (Identity a)\n"
+    assert _pairs(chunk_text(odd, "haskell")) == set()
+
+
+def test_lua_names_and_tables_of_functions() -> None:
+    chunks = chunk_text(LUA, "lua")
+    assert _one(chunks, "bar").qualified == "M.Foo.bar"
+    assert _one(chunks, "task", "module").parent == "M"  # short table with a callback: one chunk
+    assert "skip" not in {c.symbol for c in chunks}
+    assert "M" not in {c.symbol for c in chunks}  # `local M = {}` holds no function
+
+
+def test_bats_tests_are_named_by_their_label() -> None:
+    chunks = chunk_text(BATS, "bash")
+    test = _one(chunks, "bats runs a passing test")
+    assert test.start_line == 5 and test.text.startswith('@test "bats runs a passing test" {')
+    assert test.end_line == 8
+
+
+def test_csharp_operators_are_named() -> None:
+    long = CSHARP.replace("        private int _count;\n", "        private int _count;\n" + "\n" * MAX_LINES)
+    chunks = chunk_text(long, "csharp")
+    assert {("operator +", "SqlMapper"), ("operator int", "SqlMapper"), ("Read", "SqlMapper")} <= {
+        (c.symbol, c.parent) for c in chunks if c.kind == "method"
+    }
+
+
+# one member per language, repeated until the container passes MAX_LINES
+LONG: dict[str, tuple[str, str, str, str, str]] = {
+    # language: (opening, member with {i}, closing, container symbol, container kind)
+    "csharp": (
+        "namespace N\n{\n    public class Big\n    {\n",
+        "        /// <summary>Step {i}.</summary>\n        public int step{i}(int x)\n        {\n"
+        "            return x + {i};\n        }\n\n",
+        "    }\n}\n",
+        "Big",
+        "class",
+    ),
+    "ruby": ("class Big\n", "  # Step {i}.\n  def step{i}(x)\n    x + {i}\n  end\n\n", "end\n", "Big", "class"),
+    "php": (
+        "<?php\n\nclass Big\n{\n",
+        "    /** Step {i}. */\n    public function step{i}(int $x): int\n    {\n        return $x + {i};\n    }\n\n",
+        "}\n",
+        "Big",
+        "class",
+    ),
+    "kotlin": (
+        "class Big {\n",
+        "    /** Step {i}. */\n    fun step{i}(x: Int): Int {\n        return x + {i}\n    }\n\n",
+        "}\n",
+        "Big",
+        "class",
+    ),
+    "swift": (
+        "struct Big {\n",
+        "    /// Step {i}.\n    func step{i}(_ x: Int) -> Int {\n        x + {i}\n    }\n\n",
+        "}\n",
+        "Big",
+        "struct",
+    ),
+    "scala": (
+        "object Big {\n",
+        "  /** Step {i}. */\n  def step{i}(x: Int): Int =\n    x + {i}\n\n",
+        "}\n",
+        "Big",
+        "class",
+    ),
+    "lua": (
+        "M.big = {\n",
+        "  -- Step {i}.\n  step{i} = function(x)\n    return x + {i}\n  end,\n\n",
+        "}\n",
+        "big",
+        "module",
+    ),
+    "zig": (
+        "pub const Big = struct {\n",
+        "    /// Step {i}.\n    pub fn step{i}(x: u32) u32 {\n        return x + {i};\n    }\n\n",
+        "};\n",
+        "Big",
+        "struct",
+    ),
+    "elixir": (
+        "defmodule Big do\n",
+        '  @doc "Step {i}."\n  def step{i}(x) do\n    x + {i}\n  end\n\n',
+        "end\n",
+        "Big",
+        "module",
+    ),
+    "haskell": (
+        "module Big where\n\nclass Big a where\n",
+        "  -- | Step {i}.\n  step{i} :: a -> Int\n  step{i} _ = {i}\n\n",
+        "",
+        "Big",
+        "class",
+    ),
+}
+
+
+@pytest.mark.parametrize("language", sorted(LONG))
+def test_long_container_is_split_into_members(language: str) -> None:
+    opening, member, closing, name, kind = LONG[language]
+    n = MAX_LINES // 4 + 5
+    source = opening + "".join(member.replace("{i}", str(i)) for i in range(n)) + closing
+    assert len(source.splitlines()) > MAX_LINES
+    chunks = chunk_text(source, language)
+    head = _one(chunks, name, kind)
+    assert head.end_line - head.start_line < 5  # the container's own lines, not its members
+    members = [c for c in chunks if c.symbol and c.symbol.startswith("step")]
+    assert [c.symbol for c in members] == [f"step{i}" for i in range(n)]
+    want = "function" if language in ("elixir", "lua") else "method"  # module functions stay functions
+    assert {(c.kind, c.parent) for c in members} == {(want, name)}
+    # each member carries its own doc comment, the first one included
+    assert all(c.text.lstrip().startswith(("///", "#", "/**", "--", "@doc")) for c in members), members[0].text
+    assert all(c.end_line - c.start_line + 1 <= MAX_LINES for c in chunks)
+
+
+def test_long_bash_function_is_windowed_under_its_name() -> None:
+    body = "".join(f'  echo "line {i}"\n' for i in range(MAX_LINES + 20))
+    chunks = chunk_text(f"big() {{\n{body}}}\n", "bash")
+    assert len(chunks) > 1 and {(c.symbol, c.kind) for c in chunks} == {("big", "function")}
+    assert chunks[1].signature == "big() {"
+
+
+@pytest.mark.parametrize(
+    ("name", "language"),
+    [
+        ("Main.hs", "haskell"),
+        ("router.ex", "elixir"),
+        ("router_test.exs", "elixir"),
+        ("build.gradle.kts", "kotlin"),
+        ("span.hxx", "cpp"),
+        ("format.ipp", "cpp"),
+        ("inline.inl", "cpp"),
+        ("run.bats", "bash"),
+    ],
+)
+def test_walker_knows_the_extensions(name: str, language: str) -> None:
+    assert language_of(name) == language
+
+
+@pytest.mark.parametrize(
+    ("language", "source", "signature"),
+    [
+        ("elixir", 'defmodule A do\n  @doc """\n  Big.\n  """\n  def big(x) do\n{body}  end\nend\n', "def big(x) do"),
+        ("ruby", "def big(x)\n{body}end\n", "def big(x)"),
+        ("lua", "function M.big(x)\n{body}end\n", "function M.big(x)"),
+        ("scala", "def big(x: Int): Int =\n{body}\n", "def big(x: Int): Int ="),
+    ],
+)
+def test_windows_of_a_long_function_repeat_its_def_line(language: str, source: str, signature: str) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_LINES + 20))
+    chunks = [c for c in chunk_text(source.replace("{body}", body), language) if c.symbol == "big"]
+    assert len(chunks) > 1 and chunks[0].signature is None
+    assert {c.signature for c in chunks[1:]} == {signature}
