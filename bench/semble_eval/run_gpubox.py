@@ -84,11 +84,15 @@ async def run(half: str, repos: list[str] | None, modes: list[str], out_path: Pa
                     for i, item in enumerate(upstream.load_annotations(repo)):
                         for mode in modes:
                             t1 = time.perf_counter()
-                            res = structured(
-                                await client.call_tool(
-                                    "search_code", {"query": item["query"], "index": repo, "k": 10, "mode": mode}
+                            try:
+                                res = structured(
+                                    await client.call_tool(
+                                        "search_code", {"query": item["query"], "index": repo, "k": 10, "mode": mode}
+                                    )
                                 )
-                            )
+                            except RuntimeError as exc:  # an index with nothing in it: no hits, said once
+                                print(f"{repo}: {exc}", file=sys.stderr)
+                                res = {"hits": []}
                             hits = [[h["path"], h["start_line"], h["end_line"]] for h in res["hits"]]
                             ms = round((time.perf_counter() - t1) * 1000, 1)
                             out.write(

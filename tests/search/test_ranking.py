@@ -208,6 +208,35 @@ def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
     assert rerank(fused, rows, classify("Database"), off)[0].id == mention.id
 
 
+def test_one_file_does_not_fill_the_page_when_saturation_is_on(rows: dict[int, ChunkRow]) -> None:
+    from dataclasses import replace
+
+    db = [r for r in rows.values() if r.path == "inventory/db.py"][:3]
+    cache = _by_symbol(rows, "LRUCache")
+    fused = [
+        *(Scored(r.id, 0.030 - 0.001 * i, ["vector"]) for i, r in enumerate(db)),
+        Scored(cache.id, 0.025, ["vector"]),
+    ]
+    cfg = replace(DEFAULT, coherence=0, mention=1, stem=0, saturation=0.5)
+    ranked = [s.id for s in rerank(fused, rows, classify("store things"), cfg)]
+    assert ranked[:2] == [db[0].id, cache.id]  # the second db.py chunk is halved below the other file's best
+    off = [s.id for s in rerank(fused, rows, classify("store things"), replace(cfg, saturation=1.0))]
+    assert off[:3] == [r.id for r in db]
+
+
+def test_documentation_waits_behind_code_unless_the_query_asks_for_docs(rows: dict[int, ChunkRow]) -> None:
+    from dataclasses import replace
+
+    code = _by_symbol(rows, "retry_with_backoff")
+    doc = ChunkRow(900, "docs/retry.md", 1, 9, None, "window", "markdown", "Retries back off exponentially.")
+    both = {**rows, 900: doc}
+    fused = [Scored(900, 0.040, ["vector"]), Scored(code.id, 0.025, ["vector"])]
+    cfg = replace(DEFAULT, prose=0.5, path_penalty=1, stem=0, coherence=0)
+    assert rerank(fused, both, classify("how are retries backed off"), cfg)[0].id == code.id
+    assert rerank(fused, both, classify("documentation of the retry backoff"), cfg)[0].id == 900
+    assert rerank(fused, both, classify("how are retries backed off"), replace(cfg, prose=1.0))[0].id == 900
+
+
 # --- what gets embedded ------------------------------------------------------------------------------------------
 
 

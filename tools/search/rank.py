@@ -41,6 +41,11 @@ _TEST_FILE = re.compile(
 _TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing|testdata|benchmarks?)/")
 _VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|build|generated|_generated)/")
 _GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\.d\.ts)$")
+PROSE_LANGUAGES = frozenset({"markdown", "rst", "text", "yaml", "json", "toml", "html", "css"})
+# query words that ask for documentation or configuration rather than code
+PROSE_WORDS = frozenset({"doc", "docs", "documentation", "documented", "readme", "guide", "tutorial", "changelog"}) | {
+    "manual", "config", "configuration", "yaml", "json", "toml", "markdown",
+}  # fmt: skip
 _EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?|demos?|samples?|compat|_compat|legacy)/")
 
 
@@ -106,6 +111,12 @@ class RankConfig:
     mention: float = 0.8  # x for chunks that define nothing (module code, windows) when definitions compete
     path_penalty: float = 0.3  # x for tests, vendored, generated and example code
     dedupe: bool = True  # drop a hit whose lines overlap a better hit in the same file
+    # x this per chunk a file already has above it (semble's file-saturation decay): one file's ten chunks do not
+    # fill the page; 1 = off
+    saturation: float = 1.0
+    # x this for documentation and config files (markdown, yaml, json, ...) unless the query asks for docs: a code
+    # question wants code first (cobra's "man pages and markdown" docs outranked doc/man_docs.go); 1 = off
+    prose: float = 1.0
 
 
 DEFAULT = RankConfig()
@@ -214,6 +225,7 @@ def rerank(
     top = max(s.score for s in cands)
     out = [Scored(s.id, s.score, list(s.sources)) for s in cands]
     any_def = any(rows[s.id].kind in DEFINITION_KINDS for s in out)
+    asks_prose = cfg.prose == 1.0 or any(w in PROSE_WORDS for w in profile.words)
     stems: dict[str, float] = {}  # per file, not per chunk: ~100 candidates share a handful of paths
     for s in out:
         r = rows[s.id]
@@ -232,6 +244,8 @@ def rerank(
             s.score *= cfg.mention
         if path_penalty(r.path):
             s.score *= cfg.path_penalty
+        if r.language in PROSE_LANGUAGES and not asks_prose:
+            s.score *= cfg.prose
     if cfg.coherence:
         per_file: dict[str, float] = {}
         best: dict[str, Scored] = {}
@@ -246,7 +260,19 @@ def rerank(
     out.sort(key=lambda s: -s.score)
     if cfg.dedupe:
         out = dedupe(out, rows)
+    if cfg.saturation < 1.0:
+        out = saturate(out, rows, cfg.saturation)
     return out
+
+
+def saturate(ranked: list[Scored], rows: dict[int, ChunkRow], decay: float) -> list[Scored]:
+    """Each hit's score x `decay` per better hit from the same file, then re-sorted (stable)."""
+    seen: dict[str, int] = {}
+    for s in ranked:
+        path = rows[s.id].path
+        s.score *= decay ** seen.get(path, 0)
+        seen[path] = seen.get(path, 0) + 1
+    return sorted(ranked, key=lambda s: -s.score)
 
 
 def dedupe(ranked: list[Scored], rows: dict[int, ChunkRow]) -> list[Scored]:
