@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,6 @@ import split as split_mod  # noqa: E402
 import upstream  # noqa: E402
 
 from gpubox.settings import Settings  # noqa: E402
-from gpubox.tools.search import rank  # noqa: E402
 from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
 from gpubox.tools.search.rank import DEFAULT, RankConfig, classify  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
@@ -40,57 +36,42 @@ Data = list[tuple[str, dict[str, Any], IndexStore, dict[str, list[tuple[int, flo
 
 
 def configs() -> dict[str, RankConfig]:
-    """The default, each rule switched off, and the variants being tuned."""
+    """The default, each rule switched off, and the values tried around the default (the tuning record)."""
+    d = DEFAULT
     out: dict[str, RankConfig] = {
-        "**default**": DEFAULT,
+        "**default**": d,
         "fusion only (no rules)": replace(
-            DEFAULT, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1, dedupe=False
+            d, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1, dedupe=False, saturation=1,
+            prose=1,
         ),
-        "- definition boost": replace(DEFAULT, definition=0),
-        "- file-stem match": replace(DEFAULT, stem=0),
-        "- file coherence": replace(DEFAULT, coherence=0),
-        "- mention penalty": replace(DEFAULT, mention=1),
-        "- path penalty": replace(DEFAULT, path_penalty=1),
-        "- overlap de-dup": replace(DEFAULT, dedupe=False),
-    }
-    for sat in (0.5, 0.7):
-        out[f"file saturation x{sat}"] = replace(DEFAULT, saturation=sat)
-    for pr in (0.3, 0.6):
-        out[f"prose x{pr}"] = replace(DEFAULT, prose=pr)
-        out[f"prose x{pr} + saturation x0.5"] = replace(DEFAULT, prose=pr, saturation=0.5)
-    for pp in (0.5, 0.7):
-        out[f"path penalty x{pp}"] = replace(DEFAULT, path_penalty=pp)
-    for v in (1.0, 1.6, 2.0):
-        out[f"nl vector x{v}"] = replace(DEFAULT, weights=_weights(nl={"vector": v}))
-    for c in (0.0, 0.4):
-        out[f"coherence {c}"] = replace(DEFAULT, coherence=c)
+        "- definition boost": replace(d, definition=0),
+        "- file-stem match": replace(d, stem=0),
+        "- file coherence": replace(d, coherence=0),
+        "- mention penalty": replace(d, mention=1),
+        "- path penalty": replace(d, path_penalty=1),
+        "- overlap de-dup": replace(d, dedupe=False),
+        "- file saturation": replace(d, saturation=1),
+        "- prose penalty": replace(d, prose=1),
+        "before #22 tuning (rrf k=10, stem 0.3, coherence 0.2, no saturation/prose)": replace(
+            d, rrf_k=10, stem=0.3, coherence=0.2, saturation=1, prose=1
+        ),
+    }  # fmt: skip
+    for k in (10, 30, 60):
+        out[f"rrf k={k}"] = replace(d, rrf_k=k)
+    for c in (0.2, 0.4, 0.8):
+        out[f"coherence {c}"] = replace(d, coherence=c)
+    for st in (0.3, 0.7):
+        out[f"stem {st}"] = replace(d, stem=st)
+    for sat in (0.3, 0.7):
+        out[f"saturation x{sat}"] = replace(d, saturation=sat)
+    for pr in (0.6,):
+        out[f"prose x{pr}"] = replace(d, prose=pr)
+    for pp in (0.5,):
+        out[f"path penalty x{pp}"] = replace(d, path_penalty=pp)
+    for v in (1.0, 2.0):
+        out[f"nl vector x{v}"] = replace(d, weights=_weights(nl={"vector": v}))
+    out["mixed vector x1.3"] = replace(d, weights=_weights(mixed={"vector": 1.3}))
     return out
-
-
-# semble's path patterns at 8d737ab (src/semble/ranking/penalties.py, MIT): test files named per language (not
-# test_* in any language), test dirs without benchmarks/testdata, examples without docs/demos/samples
-SEMBLE_TEST_FILE = re.compile(
-    r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py|[^/]*_test\.go|[^/]*Tests?\.java|[^/]*Test\.php|[^/]*_spec\.rb"
-    r"|[^/]*_test\.rb|[^/]*\.test\.[jt]sx?|[^/]*\.spec\.[jt]sx?|[^/]*Tests?\.kt|[^/]*Spec\.kt|[^/]*Tests?\.swift"
-    r"|[^/]*Spec\.swift|[^/]*Tests?\.cs|test_[^/]*\.cpp|[^/]*_test\.cpp|test_[^/]*\.c|[^/]*_test\.c"
-    r"|[^/]*Spec\.scala|[^/]*Suite\.scala|[^/]*Test\.scala|[^/]*_spec\.lua|[^/]*_test\.lua|test_[^/]*\.lua"
-    r"|test_helpers?[^/]*\.\w+)$"
-)
-SEMBLE_TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing)/")
-SEMBLE_EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?_src|compat|_compat|legacy)/")
-
-
-@contextmanager
-def semble_paths() -> Iterator[None]:
-    """rank.path_penalty with semble's patterns while inside."""
-    saved = (rank._TEST_FILE, rank._TEST_DIR, rank._EXAMPLE_DIR)
-    rank._TEST_FILE, rank._TEST_DIR, rank._EXAMPLE_DIR = SEMBLE_TEST_FILE, SEMBLE_TEST_DIR, SEMBLE_EXAMPLE_DIR
-    rank.path_penalty.cache_clear()
-    try:
-        yield
-    finally:
-        rank._TEST_FILE, rank._TEST_DIR, rank._EXAMPLE_DIR = saved
-        rank.path_penalty.cache_clear()
 
 
 def _weights(**per_kind: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -98,14 +79,6 @@ def _weights(**per_kind: dict[str, float]) -> dict[str, dict[str, float]]:
     for kind, changes in per_kind.items():
         w[kind].update(changes)
     return w
-
-
-def extra() -> dict[str, RankConfig]:
-    """Variants run with semble's path patterns."""
-    return {
-        "semble paths + saturation x0.5": replace(DEFAULT, saturation=0.5),
-        "semble paths + saturation x0.5 + prose x0.3": replace(DEFAULT, saturation=0.5, prose=0.3),
-    }
 
 
 def collect(half: str, cache: Path) -> Data:
@@ -173,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         print(line(f"{leg} leg alone", leg_only(leg, data, args.half)))
     for label, cfg in configs().items():
         print(line(label, evaluate(cfg, data, args.half)))
-    with semble_paths():
-        for label, cfg in {"semble's path patterns": DEFAULT, **extra()}.items():
-            print(line(label, evaluate(cfg, data, args.half)))
     if args.per_repo:
         print()
         print(score.side_by_side(evaluate(DEFAULT, data, args.half)))
