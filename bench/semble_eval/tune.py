@@ -71,6 +71,12 @@ def configs() -> dict[str, RankConfig]:
     for v in (1.0, 2.0):
         out[f"nl vector x{v}"] = replace(d, weights=_weights(nl={"vector": v}))
     out["mixed vector x1.3"] = replace(d, weights=_weights(mixed={"vector": 1.3}))
+    # what keeps bench/search_eval's labelled set (one labelled definition per query) from regressing
+    out["saturation after 2"] = replace(d, saturation_after=2)
+    out["saturation after 2, rrf k=10"] = replace(d, saturation_after=2, rrf_k=10)
+    out["saturation x0.7 after 2"] = replace(d, saturation=0.7, saturation_after=2)
+    out["saturation x0.7 after 2, rrf k=10"] = replace(d, saturation=0.7, saturation_after=2, rrf_k=10)
+    out["- file saturation, rrf k=10"] = replace(d, saturation=1, rrf_k=10)
     return out
 
 

@@ -217,9 +217,11 @@ def test_one_file_does_not_fill_the_page_when_saturation_is_on(rows: dict[int, C
         *(Scored(r.id, 0.030 - 0.001 * i, ["vector"]) for i, r in enumerate(db)),
         Scored(cache.id, 0.025, ["vector"]),
     ]
-    cfg = replace(DEFAULT, coherence=0, mention=1, stem=0, saturation=0.5)
+    cfg = replace(DEFAULT, coherence=0, mention=1, stem=0, saturation=0.5, saturation_after=1)
     ranked = [s.id for s in rerank(fused, rows, classify("store things"), cfg)]
     assert ranked[:2] == [db[0].id, cache.id]  # the second db.py chunk is halved below the other file's best
+    after_two = [s.id for s in rerank(fused, rows, classify("store things"), replace(cfg, saturation_after=2))]
+    assert after_two[:3] == [db[0].id, db[1].id, cache.id]  # the default: a file's first two chunks keep their score
     off = [s.id for s in rerank(fused, rows, classify("store things"), replace(cfg, saturation=1.0))]
     assert off[:3] == [r.id for r in db]
 

@@ -143,8 +143,9 @@ def run_index(
     progress.phase = "embedding"
     progress.chunks_to_embed = to_embed
     publisher = _Publisher(
-        store, root, embedder, ann_threshold, meta, known, removed, vectors=have, to_embed=to_embed, t0=t0
-    )
+        store, root, embedder, ann_threshold, meta, known, removed, vectors=have, to_embed=to_embed, t0=t0,
+        rechunk=stale,
+    )  # fmt: skip
     publisher.start(len(scan.per_file))
     _embed_and_publish(groups, publisher, progress, commit_chunks, write_share, on_commit)
     files, chunks = store.counts()
@@ -283,6 +284,7 @@ class _Publisher:
     to_embed: int
     t0: float
     run: dict[str, Any] = field(default_factory=dict)  # meta['run'], written with every commit
+    rechunk: bool = False  # the index was chunked by an older chunker: every file is chunked again
     dim: int = 0
     gen: int = 0
 
@@ -337,8 +339,9 @@ class _Publisher:
                 device=self.embedder.device,
                 embed_chunks_per_s=rate,
                 run=run,
-                # written by the last commit only: an interrupted re-chunking run is finished by the next run
-                chunker=CHUNKER_VERSION if last else self.meta.get("chunker"),
+                # a re-chunking run records the new chunker with its last commit only: if it is interrupted, the
+                # next run re-chunks again (the files it did not reach are still cut the old way)
+                chunker=CHUNKER_VERSION if last or not self.rechunk else self.meta.get("chunker"),
             ),
         )
 
