@@ -71,6 +71,8 @@ def configs() -> dict[str, RankConfig]:
     for v in (1.0, 2.0):
         out[f"nl vector x{v}"] = replace(d, weights=_weights(nl={"vector": v}))
     out["mixed vector x1.3"] = replace(d, weights=_weights(mixed={"vector": 1.3}))
+    for nf in (0.3, 0.5, 1.0):
+        out[f"named file {nf}"] = replace(d, named_file=nf)
     # what keeps bench/search_eval's labelled set (one labelled definition per query) from regressing
     out["saturation after 2"] = replace(d, saturation_after=2)
     out["saturation after 2, rrf k=10"] = replace(d, saturation_after=2, rrf_k=10)

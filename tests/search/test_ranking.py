@@ -276,3 +276,46 @@ def test_a_method_defined_inside_a_whole_impl_chunk_counts_as_its_definition() -
     # refresh_token shares the word 'token' but only the real definition gets the boost
     ranked = rerank([Scored(2, 0.030, ["lexical"]), Scored(1, 0.025, ["lexical"])], {1: row, 2: other}, profile)
     assert ranked[0].id == 1
+
+
+def test_a_capitalised_name_prefers_the_case_exact_primary_definition() -> None:
+    from gpubox.tools.search.rank import definition_strength, named_file
+
+    profile = classify("Timeout")
+    cls = ChunkRow(1, "httpx/_config.py", 72, 85, "Timeout", "class", "python", "class Timeout:\n    ...")
+    method = ChunkRow(2, "httpx/_client.py", 253, 255, "timeout", "method", "python", "def timeout(self):\n    ...")
+    ext = ChunkRow(3, "Cache/Request+Cache.swift", 1, 5, "Request", "impl", "swift", "extension Request {}")
+    mod = ChunkRow(4, "lib/ecto/query.ex", 1, 80, "Ecto.Query", "module", "elixir", "defmodule Ecto.Query do")
+    assert definition_strength(cls, profile.identifiers) == 1.0
+    assert definition_strength(method, profile.identifiers) == 0.5  # only another case than the query's capitals
+    assert definition_strength(method, classify("timeout").identifiers) == 1.0  # a lower-case query takes any case
+    assert definition_strength(ext, classify("Request").identifiers) == 0.5  # an extension, not the type
+    assert definition_strength(mod, classify("Query").identifiers) == 1.0  # a qualified name by its last part
+    ranked = rerank([Scored(2, 0.030, ["symbol"]), Scored(1, 0.028, ["symbol"])], {1: cls, 2: method}, profile)
+    assert ranked[0].id == 1
+    assert named_file("Sources/Vapor/Request/Request.swift", ("Request",))
+    assert named_file("lib/ecto/changeset.ex", ("Changeset",)) and not named_file("lib/ecto/repo.ex", ("Changeset",))
+
+
+def test_the_symbol_leg_finds_a_qualified_name_by_its_last_part(tmp_path: Path) -> None:
+    st = IndexStore(tmp_path / "q")
+    chunks = [
+        ("lib/ecto/query.ex", 1, 9, "Ecto.Query", "module", "elixir", "defmodule Ecto.Query do\nend", "a"),
+        ("lib/ecto/planner.ex", 1, 9, "query", "function", "elixir", "def query(x), do: x", "b"),
+        (
+            "lib/ecto/query_builder.ex",
+            1,
+            9,
+            "Ecto.QueryBuilder",
+            "module",
+            "elixir",
+            "defmodule Ecto.QueryBuilder",
+            "c",
+        ),
+    ]
+    with st.transaction() as db:
+        st.insert_chunks(db, [(*c, b"\0" * 16) for c in chunks])
+    found = symbols(st, ("Query",), None)
+    paths = [st.chunks(found)[i].path for i in found]
+    assert set(paths) == {"lib/ecto/query.ex", "lib/ecto/planner.ex"}  # not Ecto.QueryBuilder
+    st.close()

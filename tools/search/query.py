@@ -154,6 +154,9 @@ def _allowed(store: IndexStore, path_glob: str | None, language: str | None) -> 
     ]
 
 
+WORD_ONLY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] | None) -> list[int]:
     """Chunks that define an identifier the query names (rank.classify decides which tokens are identifiers, so
     English words never reach here). Exact case first, then any case (parseArgs finds parse_args' cousin
@@ -169,7 +172,24 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
             (name, name),
         ).fetchall()
         out.extend(r[0] for r in rows if allowed is None or r[0] in allowed)
+        out.extend(i for i in _qualified(db, name) if allowed is None or i in allowed)
     return list(dict.fromkeys(out))
+
+
+def _qualified(db: Any, name: str) -> list[int]:
+    """Chunks whose symbol is a qualified name ending in `name` (Elixir's `defmodule Ecto.Query`, `Foo::Bar`):
+    found through the FTS symbol column (its tokenizer splits on the dots), exact case first."""
+    if not WORD_ONLY.fullmatch(name):
+        return []
+    rows = db.execute(
+        "SELECT rowid, symbol FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT 200", (f'symbol : "{name}"',)
+    ).fetchall()
+    found = []
+    for i, sym in rows:
+        parts = re.split(r"\.|::", sym or "")
+        if len(parts) > 1 and parts[-1].lower() == name.lower():
+            found.append((parts[-1] != name, i))  # exact case first
+    return [i for _, i in sorted(found)]
 
 
 def phrase(store: IndexStore, text: str, n: int, allowed: set[int] | None) -> list[tuple[int, float]]:

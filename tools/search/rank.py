@@ -117,6 +117,7 @@ class RankConfig:
     # cost natural-language queries 0.09-0.14 recall@5 (English words hit too many helper names); kept to measure
     name_match: float = 0.0
     stem: float = 0.5  # + this x top score x share of query words found in the file name / folder
+    named_file: float = 0.3  # symbol queries: + this x top score in a file named after the identifier (Request.swift)
     coherence: float = 0.6  # + this x top score x file's share of candidate score, on the file's best chunk
     mention: float = 0.8  # x for chunks that define nothing (module code, windows) when definitions compete
     path_penalty: float = 0.3  # x for tests, vendored, generated and example code
@@ -184,17 +185,34 @@ _DEF_KEYWORDS = r"(?:def|class|fn|func|function|struct|enum|trait|type|interface
 def defines(row: ChunkRow, identifiers: tuple[str, ...]) -> bool:
     """The chunk is the named symbol's definition, or a small container whose text defines it (`fn next_token`
     inside a whole `impl Tokenizer` chunk, `func (c *Command) Find` in a Go file window)."""
+    return definition_strength(row, identifiers) > 0
+
+
+def definition_strength(row: ChunkRow, identifiers: tuple[str, ...]) -> float:
+    """1 for the named symbol's definition; less for a weaker one: a name that matches only in another case when the
+    query wrote capitals (`Timeout` asks for the class, not the `timeout` method), and an impl/extension block
+    (Swift's `extension Request` in many files, the type itself in one). 0 when the chunk defines none."""
     if row.kind not in DEFINITION_KINDS and row.kind not in ("window", "module"):
-        return False
-    sym = (row.symbol or "").lower()
+        return 0.0
+    sym = row.symbol or ""
+    sym_last = re.split(r"\.|::|->", sym)[-1]  # Ecto.Query, Foo::Bar: the name is the last part
+    best = 0.0
     for ident in identifiers:
         last = re.split(r"\.|::|->", ident)[-1]
-        if sym and (sym == ident.lower() or sym == last.lower()):
-            return True
+        if sym and (sym.lower() == ident.lower() or sym_last.lower() == last.lower()):
+            exact = sym == ident or sym_last == last or last.islower()
+            best = max(best, 1.0 if exact else 0.5)
+            continue
         pattern = rf"\b{_DEF_KEYWORDS}\s+(?:\([^)]*\)\s*)?{re.escape(last)}\b|\b{re.escape(last)}\s*[:=]\s*function\b"
         if len(last) > 2 and re.search(pattern, row.text):
-            return True
-    return False
+            best = max(best, 1.0)
+    return best * (0.5 if row.kind == "impl" else 1.0)
+
+
+def named_file(path: str, identifiers: tuple[str, ...]) -> bool:
+    """The file is named after an identifier the query names (Request.swift, changeset.ex for `Changeset`)."""
+    stem = path.replace("\\", "/").rsplit("/", 1)[-1].split(".")[0].lower().lstrip("_")
+    return any(re.split(r"\.|::|->", i)[-1].lower() == stem for i in identifiers)
 
 
 def name_share(symbol: str, words: tuple[str, ...]) -> float:
@@ -243,8 +261,9 @@ def rerank(
     for s in out:
         r = rows[s.id]
         bonus = 0.0
-        if cfg.definition and profile.identifiers and defines(r, profile.identifiers):
-            bonus += cfg.definition * top
+        strength = definition_strength(r, profile.identifiers) if cfg.definition and profile.identifiers else 0.0
+        if strength:
+            bonus += cfg.definition * top * strength
         elif cfg.name_match and profile.kind != "symbol" and r.symbol and r.kind in DEFINITION_KINDS:
             share = name_share(r.symbol, profile.words)
             bonus += cfg.name_match * top * share if share >= 0.5 else 0.0
@@ -252,6 +271,8 @@ def rerank(
             if r.path not in stems:
                 stems[r.path] = stem_share(r.path, profile.words)
             bonus += cfg.stem * top * stems[r.path]
+        elif cfg.named_file and profile.identifiers and named_file(r.path, profile.identifiers):
+            bonus += cfg.named_file * top
         s.score += bonus
         if any_def and r.kind not in DEFINITION_KINDS:
             s.score *= cfg.mention
