@@ -110,3 +110,6 @@ async def test_a_benchmark_that_took_more_than_its_estimate_reserves_that_next_t
     bench = services.bench(st)
     assert bench.needs("device", params)["host"] < 0.2
     assert bench.expected("device", params) == {"host": took["host"]}  # the next run of this shape reserves it
+    # the key holds what the memory depends on, not the iteration count
+    assert bench.expected("device", {**params, "iterations": 7}) == {"host": took["host"]}
+    assert took["host"] < 3.0  # the worker's own high-water mark, not the server's it was forked from

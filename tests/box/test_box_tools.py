@@ -223,7 +223,7 @@ async def test_an_engine_configuration_that_took_more_than_planned_reserves_that
         base, sp, args = services.serve(st).plan("smollm2-135m-instruct", Overrides(max_model_len=1024))
         planned = sp.memory_gb["host"]
         # what the box ledger keeps when a running engine of this configuration measured above its plan
-        services.ledger(st).footprints.record(footprint_key(base.hf_path, args), {"host": planned + 1.5})
+        services.ledger(st).footprints.record(footprint_key(base.hf_path, args, sp.env), {"host": planned + 1.5})
         async with Client(mcp) as c:
             ok = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=1024)
             other = await call_ok(c, "box_plan", serve="smollm2-135m-instruct", context_length=512)

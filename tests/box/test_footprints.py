@@ -33,6 +33,14 @@ def test_the_store_keeps_figures_across_instances_and_survives_a_damaged_file(tm
     assert FootprintStore(path).known(KEY) == {"host": 1.0}
 
 
+def test_one_device_over_its_own_estimate_counts_even_when_the_total_is_not() -> None:
+    from gpubox.tools.box.footprints import above
+
+    assert above({"cuda:0": 70.0, "host": 6.0}, {"cuda:0": 72.0, "host": 2.0})  # the host 3x over, the total not
+    assert not above({"cuda:0": 72.0, "host": 2.1}, {"cuda:0": 72.0, "host": 2.0})
+    assert not above({"cuda:1": 9.0}, {"host": 1.0})  # a device the work does not reserve is not its figure
+
+
 def test_raised_takes_the_larger_figure_per_device_and_only_for_devices_the_work_uses() -> None:
     assert raised({"host": 2.0, "cuda:0": 10.0}, {"host": 3.0, "cuda:0": 8.0, "cuda:1": 5.0}) == {
         "host": 3.0,
@@ -116,3 +124,14 @@ def test_growth_is_the_peak_over_the_start_and_unknown_when_other_work_ran() -> 
     assert g.stop() == pytest.approx({"host": 0.8})
     busy = Growth(lambda: {"host": 1.0}, alone=lambda: False)
     assert busy.stop() is None
+
+
+def test_a_refusal_of_a_raised_reservation_says_it_was_measured_earlier(tmp_path: Path) -> None:
+    from gpubox.errors import CapacityError
+
+    led = fixed_ledger(tmp_path, memory_budget_gb=5.0)
+    led.footprints.record(KEY, {"host": 9.0})  # a run once took more than the whole budget
+    with pytest.raises(CapacityError, match="what this configuration took when it last ran"):
+        led.reserve("engine z", "engine", {"host": 1.0}, "serve_stop z", key=KEY)
+    h = led.reserve("engine y", "engine", {"host": 1.0}, "serve_stop y", key="fresh")
+    assert h.source == "estimator"  # nothing remembered for this key: the estimate, labelled as such

@@ -111,3 +111,13 @@ def test_cpu_ranks_get_a_core_each_their_own_kv_space_and_runtime_and_pipeline_s
         plan_engine(shape("smollm2-135m"), 0.3, "bfloat16", [], 64.0, 2048, Overrides(tensor_parallel_size=2))
     with pytest.raises(InvalidInputError, match="nodes > 1 needs GPUs"):
         plan_engine(s, 16.0, "bfloat16", [], 64.0, 2048, Overrides(nodes=2))
+
+
+def test_the_remembered_footprint_key_holds_every_flag_and_the_kv_space() -> None:
+    from gpubox.tools.serve.plan import footprint_key
+
+    args = ["--max-model-len", "4096", "--dtype", "bfloat16"]
+    small, large = {"VLLM_CPU_KVCACHE_SPACE": "16"}, {"VLLM_CPU_KVCACHE_SPACE": "35"}
+    assert footprint_key("/m", args, small) != footprint_key("/m", args, large)  # sized from the free memory
+    assert footprint_key("/m", args, small) != footprint_key("/m", [*args, "--enforce-eager"], small)
+    assert footprint_key("/m", args, small) == footprint_key("/m", list(args), dict(small))

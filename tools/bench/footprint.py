@@ -59,6 +59,15 @@ def needs(task: str, params: dict[str, Any], gpus: bool) -> dict[str, float]:
     return {"host": TORCH_PROCESS_GB + work}
 
 
+# the parameters footprint.needs reads: a run's memory depends on these, not on iterations or tolerances
+MEMORY_PARAMS = {
+    "attention": ("device", "dtype", "batch", "heads", "seq_lens", "head_dims", "backward"),
+    "device": ("device", "buffer_mb", "matmul_size"),
+}
+
+
 def key(task: str, params: dict[str, Any], needs: dict[str, float]) -> str:
-    """The benchmark configuration whose measured peak the box ledger remembers: task, devices and parameters."""
-    return f"bench|{task}|{','.join(sorted(needs))}|{json.dumps(params, sort_keys=True, default=str)}"
+    """The benchmark configuration whose measured peak the box ledger remembers: task, devices and the parameters
+    its memory depends on (box_plan's defaults and a tool call with the same shape share it)."""
+    shape = {k: params.get(k) for k in MEMORY_PARAMS.get(task, ())}
+    return f"bench|{task}|{','.join(sorted(needs))}|{json.dumps(shape, sort_keys=True, default=str)}"

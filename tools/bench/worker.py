@@ -103,17 +103,26 @@ def main() -> None:
 
 
 def peak_memory_gb() -> dict[str, float]:
-    """This worker's peak per ledger device: its RSS high-water mark on the host; on a GPU what torch's caching
-    allocator reserved at most plus the CUDA context (which torch does not count). The server remembers it for
-    the next run of the same benchmark (box footprints)."""
-    import resource
+    """This worker's peak per ledger device: its resident high-water mark on the host (VmHWM; not ru_maxrss, which
+    Linux carries over from the server the worker was forked from); on a GPU what torch's caching allocator
+    reserved at most plus the CUDA context (which torch does not count). The server remembers it for the next run
+    of the same benchmark (box footprints). Whatever cannot be read is left out: the run's results stand."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            hwm = next((line for line in f if line.startswith("VmHWM:")), None)
+        if hwm is not None:
+            out["host"] = int(hwm.split()[1]) * 1024 / 1e9  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            from gpubox.tools.bench.footprint import CUDA_CONTEXT_GB
 
-    out = {"host": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}  # Linux reports KiB
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        from gpubox.tools.bench.footprint import CUDA_CONTEXT_GB
-
-        out["cuda:0"] = torch.cuda.max_memory_reserved() / 1e9 + CUDA_CONTEXT_GB
+            out["cuda:0"] = torch.cuda.max_memory_reserved() / 1e9 + CUDA_CONTEXT_GB
+    except Exception:  # a CUDA error here must not fail a finished benchmark
+        pass
     return out
 
 

@@ -73,7 +73,8 @@ def raised(needs: dict[str, float], known: dict[str, float] | None) -> dict[str,
 
 
 def above(used: dict[str, float], estimate: dict[str, float]) -> bool:
-    return sum(used.values()) > sum(estimate.values()) * ABOVE
+    """Any device more than 10% over its own estimate (a GPU's large share must not hide the host's overrun)."""
+    return any(gb > estimate.get(d, 0.0) * ABOVE for d, gb in used.items() if d in estimate)
 
 
 @dataclass
@@ -114,18 +115,19 @@ class Peaks:
             if not above(t.peak, t.estimate):
                 return
             key, peak, estimate = t.key, dict(t.peak), t.estimate
+            # written under the lock: two readings at once must not leave the lower one on disk
+            self._write(lambda: self.store.record(key, peak))
         log.warning(
             "%s took %.2f GB, above its %.2f GB estimate; the next reservation of it takes that",
             owner, sum(peak.values()), sum(estimate.values()),
         )  # fmt: skip
-        self._write(lambda: self.store.record(key, peak))
 
     def end(self, owner: str) -> None:
         """Work ended: a remembered figure it stayed within is forgotten (an unmeasured run changes nothing)."""
         with self._lock:
             t = self._tracked.pop(owner, None)
-        if t is not None and t.peak and not above(t.peak, t.estimate):
-            self._write(lambda: self.store.forget(t.key))
+            if t is not None and t.peak and not above(t.peak, t.estimate):
+                self._write(lambda: self.store.forget(t.key))
 
     def _write(self, act: Callable[[], None]) -> None:
         try:

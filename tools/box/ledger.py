@@ -164,10 +164,20 @@ class Ledger:
         (the work's configuration) it reserves what that configuration last took where that is more, and its
         peak is remembered (see footprints)."""
         readings = self._read()
-        known = self._known(key)
-        wanted, source = raised(needs, known), source if known is None else "measured earlier"
-        with self._cond:
-            h = self._try_reserve(self._new_holding(owner, kind, wanted, frees_with, pinned, pid, source), readings)
+        wanted = raised(needs, self._known(key))
+        source = source if wanted == needs else "measured earlier"
+        try:
+            with self._cond:
+                h = self._try_reserve(self._new_holding(owner, kind, wanted, frees_with, pinned, pid, source), readings)
+        except CapacityError as exc:
+            if wanted == needs:
+                raise
+            took = ", ".join(f"{gb:.2f} GB on {d}" for d, gb in wanted.items())
+            raise CapacityError(
+                f"{exc}. It reserves {took}: what this configuration took when it last ran (estimate "
+                f"{sum(needs.values()):.2f} GB; kept in {self.footprints.path}, forgotten after a run within its "
+                "estimate)"
+            ) from None
         if key is not None:
             self.peaks.track(owner, key, needs)
         return h
@@ -236,8 +246,9 @@ class Ledger:
         """Queue for `needs` and return once reserved (first in line first). Raises CapacityError at once when
         the work can never fit (above the whole budget), or when `cancel` is set while waiting. `key` as in
         `reserve`."""
-        estimate, known = needs, self._known(key)
-        needs, source = raised(needs, known), "estimator" if known is None else "measured earlier"
+        estimate = needs
+        needs = raised(needs, self._known(key))
+        source = "estimator" if needs == estimate else "measured earlier"
         wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, source)
         self.enter_queue(owner)
         try:
@@ -310,7 +321,7 @@ class Ledger:
             if h is not None:
                 self._save()
                 self._cond.notify_all()
-        self.peaks.end(owner)
+            self.peaks.end(owner)  # under the lock: a new reservation of the same owner keeps its tracking
         return h is not None
 
     def update(

@@ -249,7 +249,7 @@ class Estimator:
                 seq_len=req.max_length,
                 gradient_checkpointing=gc_req,
                 optimizer=req.optim,
-                optimizer_bytes_per_param=tr.OPTIMIZER_BYTES[req.optim],
+                optimizer_bytes_per_param=tr.optimizer_bytes(req.optim, 4 if method != "full" or fmt == "fp32" else 2),
                 dataset_tokens=dataset_tokens,
                 epochs=req.num_train_epochs,
                 results=results,
@@ -390,6 +390,7 @@ class Estimator:
             "per_device_train_batch_size": per_device_train_batch_size,
             **tr.comparable(plan, gradient_checkpointing),
             "weight_format": fmt,
+            "memory_model": tr.MEMORY_MODEL,
         }
         return self.store.record(
             "training",

@@ -64,6 +64,10 @@ MICRO_BATCHES = [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128]  # even
 # row is at hand: 1.9 is the earlier default (a reported A10 QLoRA run). Calibrated runs on the same GPU replace
 # both.
 ACTIVATION_FACTOR = {True: 1.4, False: 1.9}
+# The static-memory model an activation factor was derived against: a factor measured under another one (before
+# 2026-11-25: fp32 master copy in full fine-tuning, paged optimizer state counted as resident) would mis-predict,
+# so calibrations are matched on it.
+MEMORY_MODEL = 2
 ACTIVATION_FACTOR_SOURCE = (
     "default fitted to published trl/HF Trainer + peft runs (bench/results/estimator_training.md); record a "
     "measured run on this GPU to replace it"
@@ -230,9 +234,8 @@ def _factor(
 ) -> tuple[float, str | None]:
     """(activation factor, note) for checkpointing on/off: a comparable calibrated run, else the default."""
     if store is not None:
-        m = store.best(
-            "training", gpu.id, "activation_factor", params=shape.params(), method=p.method, config=comparable(p, gc)
-        )
+        same = comparable(p, gc) | {"memory_model": MEMORY_MODEL}
+        m = store.best("training", gpu.id, "activation_factor", params=shape.params(), method=p.method, config=same)
         if m is not None and m.activation_factor:
             return m.activation_factor, f"activation factor from run #{m.id} ({m.model}, {m.created_at[:10]})"
     return ACTIVATION_FACTOR[gc], None

@@ -300,7 +300,8 @@ def rerank(
 
 
 def saturate(ranked: list[Scored], rows: dict[int, ChunkRow], decay: float, after: int = 1) -> list[Scored]:
-    """Each hit's score x `decay` per better hit from the same file beyond the first `after`, re-sorted (stable)."""
+    """Each hit's score x `decay` per better hit from the same file, not counting the first `after - 1` of them
+    (after=2: a file's first two hits keep their score, its third is x decay), then re-sorted (stable)."""
     seen: dict[str, int] = {}
     for s in ranked:
         path = rows[s.id].path

@@ -152,10 +152,11 @@ class SearchService:
             raise
 
         def work() -> None:
-            # the server's growth while it embeds, kept as this configuration's footprint when above the estimate;
-            # not measured while another index is built (a model load meanwhile is counted: the safe side)
-            growth = Growth(own_usage, alone=lambda: self.indexing() == [name])
+            growth: Growth | None = None
             try:
+                # the server's growth while it embeds, kept as this configuration's footprint when above the
+                # estimate; not measured while another index is built (a model load meanwhile is counted: safe side)
+                growth = Growth(own_usage, alone=lambda: self.indexing() == [name])
                 self._reports[name] = run_index(
                     root, store, self.embedder, options, progress, self.settings.search_ann_threshold
                 )
@@ -165,11 +166,8 @@ class SearchService:
                 log.exception("indexing %s failed", name)
                 progress.error = str(exc) or type(exc).__name__
             finally:
-                progress.finished = time.time()
-                used = growth.stop()
-                if used is not None:
-                    self.ledger.update(owner, measured=used)
-                self.ledger.release(owner)
+                self._settle(owner, growth)
+                progress.finished = time.time()  # after the release: a new run of this index may start now
                 try:
                     store.close_thread()  # this worker's connection; queries may still use theirs
                 finally:
@@ -177,6 +175,17 @@ class SearchService:
 
         threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
         return name, root, progress
+
+    def _settle(self, owner: str, growth: Growth | None) -> None:
+        """Record what the run took (when measurable) and release its memory, whatever happens to the measuring."""
+        try:
+            used = growth.stop() if growth is not None else None
+            if used is not None:
+                self.ledger.update(owner, measured=used)
+        except Exception:  # the figure is lost; the reservation must not be
+            log.exception("measuring indexing run %s", owner)
+        finally:
+            self.ledger.release(owner)
 
     def _indexing_needs(self) -> dict[str, float]:
         gpu = any(d.device.startswith("cuda") for d in self.ledger.state().devices)

@@ -84,9 +84,10 @@ def plan_engine(
     return plan, args
 
 
-def footprint_key(source: str, args: list[str]) -> str:
-    """The engine configuration whose measured memory the box ledger remembers: the model and every flag."""
-    return "vllm|" + source + "|" + " ".join(args)
+def footprint_key(source: str, args: list[str], env: dict[str, str]) -> str:
+    """The engine configuration whose measured memory the box ledger remembers: the model, every flag and the
+    environment gpubox sets (on the CPU the KV-cache space, sized from the memory free at plan time)."""
+    return "vllm|" + source + "|" + " ".join(args) + "|" + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
 def remembered(plan: ServePlan, expected: dict[str, float]) -> ServePlan:

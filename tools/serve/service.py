@@ -93,7 +93,7 @@ class ServeService:
         if lora is not None:
             args += lora_args(lora)
             plan.reasons.append(f"LoRA adapter {lora.name} (rank {lora.rank}) served on {base.name} by name")
-        plan = remembered(plan, self.ledger.expected(footprint_key(base.hf_path, args), plan.memory_gb))
+        plan = remembered(plan, self.ledger.expected(footprint_key(base.hf_path, args, plan.env), plan.memory_gb))
         return base, plan, args
 
     def start(self, model: str, name: str | None, o: Overrides, port: int | None) -> EngineStatus:
@@ -117,7 +117,7 @@ class ServeService:
 
         lora = self.adapter(model)
         aliases = [lora.name] if lora is not None else []
-        memory_key = footprint_key(base.hf_path, args)
+        memory_key = footprint_key(base.hf_path, args, plan.env)
         rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port, aliases, memory_key)
         return self.engines.status(rec.id)
 
