@@ -45,6 +45,7 @@ def configs() -> dict[str, RankConfig]:
             prose=1,
         ),
         "- definition boost": replace(d, definition=0),
+        "definition boost in sentences too (x1)": replace(d, definition_in_sentence=1.0),
         "- file-stem match": replace(d, stem=0),
         "- file coherence": replace(d, coherence=0),
         "- mention penalty": replace(d, mention=1),

@@ -198,6 +198,20 @@ def test_a_class_and_its_method_are_not_both_returned(rows: dict[int, ChunkRow])
     assert len(dedupe([Scored(r.id, 1.0, []) for r in db], rows)) == 2
 
 
+def test_a_name_inside_a_question_does_not_pull_its_definition_up(rows: dict[int, ChunkRow]) -> None:
+    from dataclasses import replace
+
+    definition = _by_symbol(rows, "Database")
+    mention = next(r for r in rows.values() if r.path == "inventory/api.py" and "Database" in r.text)
+    fused = [Scored(mention.id, 0.030, ["lexical"]), Scored(definition.id, 0.020, ["lexical"])]
+    cfg = replace(DEFAULT, coherence=0, mention=1, stem=0, named_file=0)
+    question = classify("how does the api use `Database` connections")
+    assert question.kind == "mixed"
+    assert rerank(fused, rows, question, cfg)[0].id == mention.id
+    assert rerank(fused, rows, question, replace(cfg, definition_in_sentence=1.0))[0].id == definition.id
+    assert rerank(fused, rows, classify("Database"), cfg)[0].id == definition.id  # a bare name still does
+
+
 def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
     from dataclasses import replace
 
