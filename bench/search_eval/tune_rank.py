@@ -24,7 +24,7 @@ from fetch import DEFAULT_DEST, QUERIES_DIR, load_specs
 
 from gpubox.settings import Settings
 from gpubox.tools.search.query import legs, rank_lists
-from gpubox.tools.search.rank import DEFAULT, RankConfig, classify
+from gpubox.tools.search.rank import DEFAULT, RankConfig, classify, fusion_only, reweighted
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
 
@@ -36,20 +36,11 @@ BEFORE = replace(
 )  # fmt: skip
 
 
-def _weights(**per_kind: dict[str, float]) -> dict[str, dict[str, float]]:
-    w = {k: dict(v) for k, v in DEFAULT.weights.items()}
-    for kind, changes in per_kind.items():
-        w[kind].update(changes)
-    return w
-
-
 CONFIGS: dict[str, RankConfig] = {
     "before (equal RRF, no rules)": BEFORE,
-    "fusion only (query-kind weights, no rules)": replace(
-        DEFAULT, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1, dedupe=False
-    ),
+    "fusion only (query-kind weights, no rules)": fusion_only(DEFAULT),
     "**default**": DEFAULT,
-    "- phrase leg": replace(DEFAULT, weights=_weights(**{k: {"phrase": 0.0} for k in ("symbol", "mixed", "nl")})),
+    "- phrase leg": reweighted(DEFAULT, **{k: {"phrase": 0.0} for k in ("symbol", "mixed", "nl")}),
     "- definition boost": replace(DEFAULT, definition=0),
     "- name match": replace(DEFAULT, name_match=0),
     "- file-stem match": replace(DEFAULT, stem=0),
@@ -63,7 +54,7 @@ CONFIGS: dict[str, RankConfig] = {
 def extra_configs() -> dict[str, RankConfig]:
     out: dict[str, RankConfig] = {}
     for v in (0.5, 0.7, 1.3, 1.6):
-        out[f"nl vector x{v}"] = replace(DEFAULT, weights=_weights(nl={"vector": v}))
+        out[f"nl vector x{v}"] = reweighted(DEFAULT, nl={"vector": v})
     for k in (10, 30):
         out[f"rrf k={k}"] = replace(DEFAULT, rrf_k=k)
     for st in (0.15, 0.6, 1.0):

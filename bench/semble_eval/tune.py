@@ -27,7 +27,7 @@ import upstream  # noqa: E402
 
 from gpubox.settings import Settings  # noqa: E402
 from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
-from gpubox.tools.search.rank import DEFAULT, RankConfig, classify  # noqa: E402
+from gpubox.tools.search.rank import DEFAULT, RankConfig, classify, fusion_only, reweighted  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 
@@ -40,10 +40,7 @@ def configs() -> dict[str, RankConfig]:
     d = DEFAULT
     out: dict[str, RankConfig] = {
         "**default**": d,
-        "fusion only (no rules)": replace(
-            d, definition=0, name_match=0, stem=0, coherence=0, mention=1, path_penalty=1, dedupe=False, saturation=1,
-            prose=1,
-        ),
+        "fusion only (no rules)": fusion_only(d),
         "- definition boost": replace(d, definition=0),
         "definition boost in sentences too (x1)": replace(d, definition_in_sentence=1.0),
         "- file-stem match": replace(d, stem=0),
@@ -70,8 +67,8 @@ def configs() -> dict[str, RankConfig]:
     for pp in (0.5,):
         out[f"path penalty x{pp}"] = replace(d, path_penalty=pp)
     for v in (1.0, 2.0):
-        out[f"nl vector x{v}"] = replace(d, weights=_weights(nl={"vector": v}))
-    out["mixed vector x1.3"] = replace(d, weights=_weights(mixed={"vector": 1.3}))
+        out[f"nl vector x{v}"] = reweighted(d, nl={"vector": v})
+    out["mixed vector x1.3"] = reweighted(d, mixed={"vector": 1.3})
     for nf in (0.3, 0.5, 1.0):
         out[f"named file {nf}"] = replace(d, named_file=nf)
     # what keeps bench/search_eval's labelled set (one labelled definition per query) from regressing
@@ -81,13 +78,6 @@ def configs() -> dict[str, RankConfig]:
     out["saturation x0.7 after 2, rrf k=10"] = replace(d, saturation=0.7, saturation_after=2, rrf_k=10)
     out["- file saturation, rrf k=10"] = replace(d, saturation=1, rrf_k=10)
     return out
-
-
-def _weights(**per_kind: dict[str, float]) -> dict[str, dict[str, float]]:
-    w = {k: dict(v) for k, v in DEFAULT.weights.items()}
-    for kind, changes in per_kind.items():
-        w[kind].update(changes)
-    return w
 
 
 def collect(half: str, cache: Path) -> Data:

@@ -220,6 +220,11 @@ def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
     fused = [Scored(mention.id, 0.030, ["lexical"]), Scored(definition.id, 0.020, ["lexical"])]
     off = replace(DEFAULT, definition=0, coherence=0, mention=1)
     assert rerank(fused, rows, classify("Database"), off)[0].id == mention.id
+    from gpubox.tools.search.rank import fusion_only, reweighted
+
+    assert rerank(fused, rows, classify("Database"), fusion_only(DEFAULT))[0].id == mention.id
+    heavier = reweighted(DEFAULT, nl={"vector": 3.0})
+    assert heavier.weights["nl"]["vector"] == 3.0 and DEFAULT.weights["nl"]["vector"] != 3.0
 
 
 def test_one_file_does_not_fill_the_page_when_saturation_is_on(rows: dict[int, ChunkRow]) -> None:

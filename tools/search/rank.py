@@ -333,3 +333,19 @@ def dedupe(ranked: list[Scored], rows: dict[int, ChunkRow]) -> list[Scored]:
 def without(cfg: RankConfig, **changes: object) -> RankConfig:
     """A copy of `cfg` with some rules changed (ablations in bench/search_eval/tune_rank.py)."""
     return replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+def reweighted(cfg: RankConfig, **per_kind: dict[str, float]) -> RankConfig:
+    """A copy of `cfg` with some legs' fusion weights changed for some query kinds (nl={"vector": 1.6})."""
+    weights = {k: dict(v) for k, v in cfg.weights.items()}
+    for kind, changes in per_kind.items():
+        weights[kind].update(changes)
+    return replace(cfg, weights=weights)
+
+
+def fusion_only(cfg: RankConfig) -> RankConfig:
+    """`cfg`'s weighted fusion with every ranking rule off (the ablations' baseline)."""
+    return replace(
+        cfg, definition=0, name_match=0, stem=0, named_file=0, coherence=0, mention=1, path_penalty=1,
+        dedupe=False, saturation=1, prose=1,
+    )  # fmt: skip
