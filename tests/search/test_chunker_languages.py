@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpubox.tools.search.chunker import MAX_LINES, Chunk, chunk_text
-from gpubox.tools.search.walker import language_of
+from gpubox.tools.search.walker import language_of, refine_language
 
 CSHARP = """\
 using System;
@@ -730,3 +730,19 @@ def test_windows_of_a_long_function_repeat_its_def_line(language: str, source: s
     chunks = [c for c in chunk_text(source.replace("{body}", body), language) if c.symbol == "big"]
     assert len(chunks) > 1 and chunks[0].signature is None
     assert {c.signature for c in chunks[1:]} == {signature}
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ("namespace fmt {\nint f();\n}\n", "cpp"),
+        ("template <typename T> struct box { T v; };\n", "cpp"),
+        ("class Cord : public Base {\n};\n", "cpp"),
+        ("inline std::string name();\n", "cpp"),
+        ('#ifdef __cplusplus\nextern "C" {\n#endif\nint uv_run(void *loop);\n', "c"),
+        ("struct class_info { int classes; };  /* 'class' in a comment: public: */\n", "c"),
+    ],
+)
+def test_a_header_is_cpp_only_when_it_holds_cpp(text: str, language: str) -> None:
+    assert refine_language("include/x.h", "c", text) == language
+    assert refine_language("src/x.c", "c", text) == "c"  # a .c file is C whatever it holds

@@ -286,3 +286,27 @@ async def test_an_index_built_by_an_older_chunker_is_chunked_again_keeping_its_v
         assert store.meta()["chunker"] == CHUNKER_VERSION
         again = await call_ok(client, "search_index", path=str(repo), name="old")
         assert again["message"] == "up to date"
+
+
+async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search_env: Any) -> None:
+    repo = search_env[1] / "headers"
+    repo.mkdir()
+    (repo / "widget.h").write_text(
+        "#pragma once\n#include <string>\n\nnamespace ui {\n\n// A titled box on the screen.\n"
+        "class Widget {\n public:\n"
+        "  explicit Widget(std::string title) : title_(title) {}\n  int Area() const { return w_ * h_; }\n\n"
+        " private:\n  std::string title_;\n  int w_ = 0, h_ = 0;\n};\n\n}  // namespace ui\n"
+    )
+    (repo / "ring.h").write_text(
+        '#ifndef RING_H\n#define RING_H\n#ifdef __cplusplus\nextern "C" {\n#endif\n\n'
+        "struct ring { int head, tail; };\n\n"
+        "int ring_push(struct ring *r, int v);\n\n#ifdef __cplusplus\n}\n#endif\n#endif\n"
+    )
+    async with Client(search_env[0]) as client:
+        await call_ok(client, "search_index", path=str(repo), name="headers")
+        hits = (await call_ok(client, "search_code", query="Widget", index="headers", k=10))["hits"]
+        ring = (await call_ok(client, "search_code", query="ring", index="headers", k=10))["hits"]
+    widget = [h for h in hits if h["path"] == "widget.h"]
+    assert widget and widget[0]["language"] == "cpp"
+    assert (widget[0]["symbol"], widget[0]["kind"]) == ("ui", "namespace")  # the C grammar sees no namespace
+    assert {h["language"] for h in ring if h["path"] == "ring.h"} == {"c"}

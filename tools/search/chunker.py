@@ -24,7 +24,8 @@ log = logging.getLogger("gpubox.search")
 
 # Bumped when chunk boundaries change: an index built by an older chunker re-chunks every file on its next run.
 # 2: symbols for C#, Ruby, PHP, Kotlin, Swift, Scala, Bash, Lua, Zig, Elixir and Haskell.
-CHUNKER_VERSION = 2
+# 3: a `.h` file holding C++ is chunked by the C++ grammar (walker.refine_language).
+CHUNKER_VERSION = 3
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10

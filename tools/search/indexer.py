@@ -21,7 +21,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import CHUNKER_VERSION, Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.store import IndexStore, fsync_write
-from gpubox.tools.search.walker import WalkOptions, WalkResult, walk
+from gpubox.tools.search.walker import WalkOptions, WalkResult, refine_language, walk
 
 log = logging.getLogger("gpubox.search")
 
@@ -177,6 +177,8 @@ def _scan(root: Path, walked: WalkResult, known: dict[str, str], progress: Progr
             walked.excluded["unreadable or replaced since the walk"] += 1
             continue
         scan.seen.add(rel)
+        text = data.decode("utf-8", errors="replace") if lang == "c" else None  # only a .h may turn out C++
+        lang = refine_language(rel, lang, text) if text is not None else lang
         scan.langs[lang] += 1
         digest = sha(data)
         if known.get(rel) == digest:
@@ -185,7 +187,7 @@ def _scan(root: Path, walked: WalkResult, known: dict[str, str], progress: Progr
             scan.changed += 1
         else:
             scan.added += 1
-        text = data.decode("utf-8", errors="replace")
+        text = text if text is not None else data.decode("utf-8", errors="replace")
         chunks = [(rel, lang, c, sha(embed_text(rel, c).encode())) for c in chunk_text(text, lang)]
         scan.per_file.append(((rel, digest, len(data), lang), chunks))
     return scan

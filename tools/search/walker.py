@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
@@ -134,6 +135,23 @@ def language_of(name: str) -> str | None:
     if name in NAMED_FILES:
         return NAMED_FILES[name]
     return LANGUAGES.get(os.path.splitext(name)[1].lower())
+
+
+# Constructs C has no syntax for. A `.h` is C or C++ by its content alone (fmt's headers are all `.h`, so are
+# abseil's); the C grammar reads a C++ class as an error node and loses its symbols, while `extern "C"` guards under
+# `#ifdef __cplusplus` are ordinary C headers and stay C.
+_CPP_MARKERS = re.compile(
+    r"^[ \t]*(?:(?:inline[ \t]+)?namespace(?:[ \t]+[\w:]+)?[ \t]*\{|template[ \t]*<|using[ \t]+namespace\b"
+    r"|(?:public|private|protected)[ \t]*:|class[ \t]+\w+[^;()]*[{:][ \t]*$)|\bstd::\w",
+    re.MULTILINE,
+)
+
+
+def refine_language(path: str, language: str, text: str) -> str:
+    """The language of a file from its content where its extension is ambiguous: a `.h` holding C++ is C++."""
+    if language == "c" and path.endswith(".h") and _CPP_MARKERS.search(text):
+        return "cpp"
+    return language
 
 
 def _gitignore_spec(root: Path, rel_dir: str) -> object | None:

@@ -3,12 +3,16 @@ Prometheus metrics and streamed chat/completions. Plain httpx, so any such serve
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import ssl
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
@@ -109,14 +113,39 @@ async def stream(
         ) from None
 
 
+# One pooled client per engine and event loop while requests to it are in flight: concurrent requests share
+# keep-alive connections instead of each building a client (transport, pool) and opening a connection, the
+# per-request cost that grows with concurrent clients (bench/serve_bench.py). The last request out closes it, so no
+# socket outlives the calls that used it. A response closed before its end drops its connection, so a cancelled MCP
+# call still makes vLLM abort the request. Keyed by loop: an httpx client is bound to the loop it first ran on.
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+@contextlib.asynccontextmanager
+async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    pools = _POOLS.setdefault(asyncio.get_running_loop(), {})
+    entry = pools.get(base_url)
+    if entry is None:
+        entry = pools[base_url] = [httpx.AsyncClient(limits=_LIMITS, verify=verify(base_url)), 0]
+    entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            pools.pop(base_url, None)
+            with anyio.CancelScope(shield=True):  # a cancelled call still closes the sockets it leaves
+                await entry[0].aclose()
+
+
 async def _stream(
     base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
 ) -> AsyncIterator[dict[str, Any]]:
+    url, limit = base_url.rstrip("/") + path, httpx.Timeout(timeout, connect=10.0)
     async with (
-        httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), verify=verify(base_url)) as client,
-        client.stream(
-            "POST", base_url.rstrip("/") + path, json={**body, "stream": True}, headers=headers(api_key)
-        ) as r,
+        _pooled(base_url) as c,
+        c.stream("POST", url, json={**body, "stream": True}, headers=headers(api_key), timeout=limit) as r,
     ):
         if r.status_code != 200:
             text = (await r.aread()).decode("utf-8", "replace")[:800]
