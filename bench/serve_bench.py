@@ -2,7 +2,7 @@
 three ways, in one run:
 
   (a) in-process llama.cpp through MCP: `infer_complete` on the bundled GGUF (one request at a time per model),
-  (b) the vLLM engine through MCP: `serve_start` (enforce_eager), then `infer_complete` with the served name,
+  (b) the vLLM engine through MCP: `serve_start` as gpubox plans it (compiled unless --eager), then `infer_complete` with the served name,
   (c) the same engine called directly on its OpenAI API (`/v1/completions`, base_url and api_key from
       serve_status, httpx.AsyncClient), non-streamed as a plain client would; plus (c') the same call streamed with
       usage, the very request shape gpubox sends, to tell the MCP layer's cost from the streaming cost.
@@ -340,7 +340,7 @@ async def scenario(mcp: Any, mcp1: Any | None, args: argparse.Namespace, info: d
 
         # (b), (c), (c') the vLLM engine
         t = time.perf_counter()
-        st = await call(ctl, "serve_start", model=MODEL, enforce_eager=True)
+        st = await call(ctl, "serve_start", model=MODEL, **({"enforce_eager": True} if args.eager else {}))
         info["engine_id"] = st["id"]
         while st["state"] in ("preparing", "starting"):
             st = await call(ctl, "serve_status", engine_id=st["id"], wait_seconds=60)
@@ -542,6 +542,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends back to back")
     ap.add_argument("--progress", action="store_true", help="MCP clients ask for per-token progress notifications")
+    ap.add_argument("--eager", action="store_true", help="engine with enforce_eager (faster start, slower decode)")
     ap.add_argument("--no-one-thread", action="store_true", help="skip (a'), in-process llama.cpp with infer_threads=1")
     ap.add_argument("--engine-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     ap.add_argument("--out", type=Path, default=None, help="markdown (default bench/results/serve_bench.md)")

@@ -189,6 +189,32 @@ async def test_four_clients_at_once_are_batched(box: Any) -> None:
     assert max(s for s, _ in spans) < min(e for _, e in spans), spans
 
 
+async def test_a_request_closed_midway_is_aborted_by_the_engine(box: Any) -> None:
+    """What a cancelled infer_chat does to the engine: gpubox's pooled connection is dropped, vLLM aborts."""
+    from gpubox.tools.serve import client
+
+    mcp, engines = box
+    async with Client(mcp) as c:
+        status = await call_ok(c, "serve_status", engine_id=engines["main"]["id"])
+    url, key = status["base_url"], status["api_key"]
+
+    def counters() -> tuple[float, float]:
+        m = client.metrics(url, key)
+        assert m is not None
+        return m.requests_running or 0.0, m.generation_tokens_total or 0.0
+
+    before = (await anyio.to_thread.run_sync(counters))[1]
+    body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 1500, "ignore_eos": True}
+    async with contextlib.aclosing(client.stream(url, key, "/completions", body, 120)) as chunks:
+        async for _ in chunks:
+            break  # the first token is out: the caller goes away
+    _, done = await wait_until(lambda: (r := counters())[0] == 0 and r, timeout=60)
+    assert done - before < 1500  # stopped early: not the 1500 tokens asked for
+    async with Client(mcp) as c:  # and the next request opens a new connection
+        out = await call_ok(c, "infer_complete", model=MODEL, prompt="The capital of France is", max_tokens=8)
+    assert out["completion_tokens"] > 0
+
+
 async def test_attach_routes_an_existing_server_and_never_stops_it(box: Any, tmp_path: Path) -> None:
     mcp, engines = box
     main = engines["main"]
