@@ -2,7 +2,8 @@
 three ways, in one run:
 
   (a) in-process llama.cpp through MCP: `infer_complete` on the bundled GGUF (one request at a time per model),
-  (b) the vLLM engine through MCP: `serve_start` as gpubox plans it (compiled unless --eager), then `infer_complete` with the served name,
+  (b) the vLLM engine through MCP: `serve_start` as gpubox plans it (compiled unless --eager), then
+      `infer_complete` with the served name,
   (c) the same engine called directly on its OpenAI API (`/v1/completions`, base_url and api_key from
       serve_status, httpx.AsyncClient), non-streamed as a plain client would; plus (c') the same call streamed with
       usage, the very request shape gpubox sends, to tell the MCP layer's cost from the streaming cost.

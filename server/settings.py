@@ -159,6 +159,12 @@ class Settings(BaseSettings):
         "up to 20,000 chunks, then a 4-bit fast scan whose best candidates are rescored on the fp16 vectors).",
     )
     search_embed_batch: int = Field(default=32, ge=1, le=4096, description="Embedding batch size.")
+    search_embed_max_tokens: int = Field(
+        default=256,
+        ge=32,
+        le=512,
+        description="Tokens of a chunk the embedding model reads (the rest is cut; MiniLM reads at most 512).",
+    )
     search_onnx_queries: bool = Field(
         default=True,
         description="On a CPU, embed search queries with ONNX Runtime (the model exported once into the state dir; "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ from gpubox.app import build_server, state_of  # noqa: E402
 from gpubox.settings import Settings  # noqa: E402
 
 CORPORA = HERE / "corpora"
-STATE = HERE / "state"
+STATE = Path(os.environ.get("SEMBLE_EVAL_STATE") or HERE / "state")  # another state dir: an experiment's indexes
 
 
 def structured(result: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from gpubox.tools.search.rank import DEFAULT, RankConfig, classify, fusion_only,
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 
-STATE = HERE / "state"
+STATE = Path(os.environ.get("SEMBLE_EVAL_STATE") or HERE / "state")  # another state dir: an experiment's indexes
 Data = list[tuple[str, dict[str, Any], IndexStore, dict[str, list[tuple[int, float]]]]]
 
 

@@ -200,3 +200,12 @@ def test_the_8_bit_query_encoder_matches_fp32_and_is_kept_only_when_checked_and_
     off = Embedder(_minilm(), dtype="float32", onnx_cache=tmp_path, onnx_int8=False)
     off.dimension()
     assert off._onnx is not None and off._onnx.precision == "float32"
+
+
+@pytest.mark.parametrize("tokens", [256, 512])
+def test_the_model_reads_as_many_tokens_of_a_chunk_as_set(tokens: int) -> None:
+    body = "value = compute(value)\n" * 60  # ~6 tokens a line: about 360 tokens, past a 256-token cut
+    a, b = body + "raise TimeoutError('deadline passed')", body + "return sorted(items, key=len)"
+    va, vb = Embedder(_minilm(), max_seq_length=tokens, dtype="float32").encode([a, b], bulk=True)
+    same = float(va @ vb) > 0.9999
+    assert same == (tokens == 256)  # a 256-token cut never reaches the last line; 512 tokens do

@@ -310,3 +310,19 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
     assert widget and widget[0]["language"] == "cpp"
     assert (widget[0]["symbol"], widget[0]["kind"]) == ("ui", "namespace")  # the C grammar sees no namespace
     assert {h["language"] for h in ring if h["path"] == "ring.h"} == {"c"}
+
+
+async def test_an_index_embedded_reading_another_number_of_tokens_is_embedded_again(search_env: Any) -> None:
+    repo = make_repo(search_env[1] / "tokens")
+    store = search_service(state_of(search_env[0])).store("tokens", create=True)
+    tokens = state_of(search_env[0]).settings.search_embed_max_tokens
+    async with Client(search_env[0]) as client:
+        first = await call_ok(client, "search_index", path=str(repo), name="tokens")
+        assert store.meta()["embed_tokens"] == tokens
+        with store.transaction() as db:
+            store.set_meta(db, embed_tokens=tokens // 2)  # as if built with a shorter cut: its vectors differ
+        res = await call_ok(client, "search_index", path=str(repo), name="tokens")
+        assert res["embedded_chunks"] == first["embedded_chunks"] and res["chunks"] == first["chunks"]
+        assert store.meta()["embed_tokens"] == tokens
+        again = await call_ok(client, "search_index", path=str(repo), name="tokens")
+        assert again["message"] == "up to date"

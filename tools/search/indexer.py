@@ -63,6 +63,10 @@ class IndexReport:
     languages: Counter[str]
 
 
+# what an index that records no `embed_tokens` was embedded with (the embedder's cut before it became a setting)
+LEGACY_EMBED_TOKENS = 256
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -127,8 +131,10 @@ def run_index(
     progress.files_total = len(result.files)
     known = store.file_hashes()
     progress.phase = "chunking"
-    # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors)
-    stale = meta.get("chunker") != CHUNKER_VERSION and bool(known)
+    # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors); vectors
+    # made reading another number of tokens per chunk are all made again
+    retokened = bool(known) and meta.get("embed_tokens", LEGACY_EMBED_TOKENS) != embedder.max_seq_length
+    stale = (meta.get("chunker") != CHUNKER_VERSION or retokened) and bool(known)
     scan = _scan(root, result, {p: "" for p in known} if stale else known, progress)
     removed = [p for p in known if p not in scan.seen]
     if not scan.per_file and not removed:
@@ -138,7 +144,7 @@ def run_index(
         return IndexReport(files, chunks, 0, 0, 0, 0, 0, time.perf_counter() - t0, result.excluded, scan.langs)
 
     # embed only text we have never embedded (unchanged chunks of an edited file reuse their vectors)
-    have = store.vectors_by_hash(list({h for _, cs in scan.per_file for *_, h in cs}))
+    have = {} if retokened else store.vectors_by_hash(list({h for _, cs in scan.per_file for *_, h in cs}))
     groups, to_embed = _plan_groups(scan.per_file, have, commit_chunks)
     progress.phase = "embedding"
     progress.chunks_to_embed = to_embed
@@ -344,6 +350,9 @@ class _Publisher:
                 # a re-chunking run records the new chunker with its last commit only: if it is interrupted, the
                 # next run re-chunks again (the files it did not reach are still cut the old way)
                 chunker=CHUNKER_VERSION if last or not self.rechunk else self.meta.get("chunker"),
+                embed_tokens=self.embedder.max_seq_length
+                if last or not self.rechunk
+                else self.meta.get("embed_tokens"),
             ),
         )
 

@@ -82,6 +82,7 @@ class SearchService:
         self.embedder = Embedder(
             default_model_path(settings.search_embedding_model),
             settings.search_embed_batch,
+            max_seq_length=settings.search_embed_max_tokens,
             dtype=settings.search_embed_dtype,
             onnx_cache=settings.state_dir / "onnx" if settings.search_onnx_queries else None,
             onnx_int8=settings.search_query_int8,
