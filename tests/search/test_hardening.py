@@ -204,3 +204,34 @@ def test_a_dry_runs_default_rate_follows_the_precision_the_model_will_run_in(tmp
     assert rates["float32"][0].startswith("default for cpu ") and "cpu-bf16" in rates["bfloat16"][0], rates
     ratio = search_service.DEFAULT_RATE["cpu-bf16"] / search_service.DEFAULT_RATE["cpu"]
     assert rates["float32"][1] == pytest.approx(rates["bfloat16"][1] * ratio, rel=0.05), rates
+
+
+def test_a_second_start_while_a_finished_run_still_releases_its_memory_is_told_it_runs(
+    svc: SearchService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a run's phase turning "ready" and its reservation's release, a second start of the same index gets
+    'already being built', not the ledger's 'already holds a reservation'; once released, it starts."""
+    from gpubox.errors import BusyError
+
+    root = svc.settings.allowed_roots[0]
+    repo = make_repo(root / "settling")
+    settling, go_on = threading.Event(), threading.Event()
+    settle = SearchService._settle
+
+    def slow_settle(self: SearchService, owner: str, growth: Any) -> None:
+        settling.set()
+        assert go_on.wait(60)
+        settle(self, owner, growth)
+
+    monkeypatch.setattr(SearchService, "_settle", slow_settle)
+    progress = svc.start_index(str(repo), "settling", [], [], None)[2]
+    try:
+        assert settling.wait(600)
+        assert progress.phase == "ready" and progress.finished is None
+        with pytest.raises(BusyError, match="already being built"):
+            svc.start_index(str(repo), "settling", [], [], None)
+    finally:
+        go_on.set()
+    finished(progress)
+    again = finished(svc.start_index(str(repo), "settling", [], [], None)[2])
+    assert again.phase == "ready"

@@ -381,5 +381,8 @@ def _commit(
 
 
 def ensure_not_running(progress: Progress | None, name: str) -> None:
-    if progress is not None and progress.finished is None and progress.error is None and progress.phase != "ready":
+    # running until `finished`, which is set after the run's memory reservation is released: a run whose phase is
+    # already "ready" (or that failed) still holds it for an instant, and a second start then would be refused by
+    # the ledger with a confusing "already holds a reservation"
+    if progress is not None and progress.finished is None:
         raise BusyError(f"index '{name}' is already being built ({progress.message()}); poll search_list")
