@@ -135,3 +135,25 @@ def test_a_refusal_of_a_raised_reservation_says_it_was_measured_earlier(tmp_path
         led.reserve("engine z", "engine", {"host": 1.0}, "serve_stop z", key=KEY)
     h = led.reserve("engine y", "engine", {"host": 1.0}, "serve_stop y", key="fresh")
     assert h.source == "estimator"  # nothing remembered for this key: the estimate, labelled as such
+
+
+def _record_many(path: str, prefix: str, n: int) -> None:
+    store = FootprintStore(Path(path))
+    for i in range(n):
+        store.record(f"{prefix}{i}", {"host": float(i)})
+
+
+def test_two_servers_recording_at_once_keep_every_figure(tmp_path: Path) -> None:
+    """Two processes (two gpubox servers on one state dir) rewriting the file at once: none loses the other's."""
+    import multiprocessing
+
+    path = tmp_path / "footprints.json"
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each, as a second server would be
+    procs = [ctx.Process(target=_record_many, args=(str(path), p, 150)) for p in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = FootprintStore(path)
+    assert all(store.known(f"{p}{i}") == {"host": float(i)} for p in "ab" for i in range(150))

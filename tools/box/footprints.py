@@ -12,11 +12,13 @@ Holdings restored after a server restart carry no key: their peaks are shown, no
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,14 +48,27 @@ class FootprintStore:
         with self._lock:
             return self._all().get(key)
 
-    def record(self, key: str, used: dict[str, float]) -> None:
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Read-modify-write under this process's lock and a file lock: every gpubox server on the box shares the
+        file, and two writing at once would otherwise lose one's figure."""
         with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def record(self, key: str, used: dict[str, float]) -> None:
+        with self._changing():
             data = self._all()
             data[key] = {d: round(gb, 3) for d, gb in used.items()}
             self._write(data)
 
     def forget(self, key: str) -> None:
-        with self._lock:
+        with self._changing():
             data = self._all()
             if data.pop(key, None) is not None:
                 self._write(data)
