@@ -338,3 +338,19 @@ def test_the_symbol_leg_finds_a_qualified_name_by_its_last_part(tmp_path: Path) 
     paths = [st.chunks(found)[i].path for i in found]
     assert set(paths) == {"lib/ecto/query.ex", "lib/ecto/planner.ex"}  # not Ecto.QueryBuilder
     st.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "test"),
+    [
+        ("absl/strings/ascii_test.cc", True),  # GoogleTest's own naming
+        ("base/files/file_util_unittest.cc", True),  # Chromium's
+        ("src/test_parser.cpp", True),
+        ("src/parser_test.cxx", True),
+        ("absl/strings/ascii.cc", False),
+        ("lib/contest.cc", False),
+        ("src/latest.c", False),
+    ],
+)
+def test_cpp_test_files_are_known_by_every_usual_extension(path: str, test: bool) -> None:
+    assert path_penalty(path) == test

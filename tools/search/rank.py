@@ -37,12 +37,13 @@ DEFINITION_KINDS = frozenset(
 # path parts that mark code a user rarely means: tests, vendored deps, generated code, examples, compat shims.
 # Test files, test dirs and example/compat dirs are semble's patterns at 8d737ab (src/semble/ranking/penalties.py,
 # MIT): test files named the way each language's test runner names them (bats-core's lib/test_functions.bash is
-# the framework, not a test), no 'benchmarks' or 'docs' folders; measured on semble's tune half
+# the framework, not a test; C and C++ tests also by GoogleTest's own `foo_test.cc` and Chromium's `_unittest`,
+# which semble's `.cpp`-only pattern misses), no 'benchmarks' or 'docs' folders; measured on semble's tune half
 # (bench/results/search_semble_tune.md).
 _TEST_FILE = re.compile(
     r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py|[^/]*_test\.go|[^/]*Tests?\.java|[^/]*Test\.php|[^/]*_spec\.rb"
     r"|[^/]*_test\.rb|[^/]*\.test\.[jt]sx?|[^/]*\.spec\.[jt]sx?|[^/]*Tests?\.kt|[^/]*Spec\.kt|[^/]*Tests?\.swift"
-    r"|[^/]*Spec\.swift|[^/]*Tests?\.cs|test_[^/]*\.cpp|[^/]*_test\.cpp|test_[^/]*\.c|[^/]*_test\.c"
+    r"|[^/]*Spec\.swift|[^/]*Tests?\.cs|test_[^/]*\.(?:c|cc|cpp|cxx)|[^/]*_(?:unit)?test\.(?:c|cc|cpp|cxx)"
     r"|[^/]*Spec\.scala|[^/]*Suite\.scala|[^/]*Test\.scala|[^/]*_spec\.lua|[^/]*_test\.lua|test_[^/]*\.lua"
     r"|test_helpers?[^/]*\.\w+)$"
 )
