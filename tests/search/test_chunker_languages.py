@@ -741,6 +741,10 @@ def test_windows_of_a_long_function_repeat_its_def_line(language: str, source: s
         ("inline std::string name();\n", "cpp"),
         ('#ifdef __cplusplus\nextern "C" {\n#endif\nint uv_run(void *loop);\n', "c"),
         ("struct class_info { int classes; };  /* 'class' in a comment: public: */\n", "c"),
+        ("/* This models std::pair. */\ntypedef struct { int a, b; } pair;\n", "c"),  # llvm-c/Types.h
+        ("#ifdef __cplusplus\ntemplate <class T> struct wrap;\n# if 1\n#endif\n#endif\nint c_api(void);\n", "c"),
+        ("#include <vector>\nint f();\n", "cpp"),
+        ("enum class Color { kRed };\n", "cpp"),
     ],
 )
 def test_a_header_is_cpp_only_when_it_holds_cpp(text: str, language: str) -> None:

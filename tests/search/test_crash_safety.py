@@ -130,3 +130,65 @@ def test_a_killed_run_keeps_its_last_committed_batch_and_the_next_run_resumes(tm
     hit = svc.search("levenshtein", "k", 1, 0, None, None, "hybrid", 400).hits[0]
     assert hit.symbol == "levenshtein"
     svc.close()
+
+
+def _interrupted_after_first_commit(svc: SearchService, repo: Path) -> None:
+    from gpubox.tools.search.indexer import Progress, run_index
+    from gpubox.tools.search.walker import WalkOptions
+
+    def stop(n: int) -> None:
+        if n == 1:
+            raise RuntimeError("killed after the first commit")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run_index(repo, svc.store("k"), svc.embedder, WalkOptions(), Progress(), 200_000,
+                  commit_chunks=8, write_share=float("inf"), on_commit=stop)  # fmt: skip
+
+
+def test_an_interrupted_rechunk_of_an_index_from_before_embed_tokens_keeps_its_vectors(tmp_path: Path) -> None:
+    """An index built before `embed_tokens` was recorded was embedded at 256 tokens: an interrupted re-chunk of it
+    must not turn that into 'unknown' and cost a full re-embedding next time."""
+    from gpubox.tools.search.chunker import CHUNKER_VERSION
+
+    repo = make_repo(tmp_path / "repo")
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
+    try:
+        finished(svc.start_index(str(repo), "k", [], [], None)[2])
+        store = svc.store("k")
+        with store.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = 'embed_tokens'")  # as an index of the previous release
+            store.set_meta(db, chunker=CHUNKER_VERSION - 1)
+        for i in range(20):  # new texts enough for several commits of 8
+            (repo / f"helper_{i}.py").write_text(f"def helper_{i}():\n    return {i}\n")
+        _interrupted_after_first_commit(svc, repo)
+        assert store.meta()["embed_tokens"] == 256  # still known: this run only re-chunks
+        finished(svc.start_index(str(repo), "k", [], [], None)[2])
+        assert svc._reports["k"].embedded_chunks <= 20 - 8  # the new texts not yet committed, nothing else
+    finally:
+        svc.close()
+
+
+def test_an_interrupted_re_embedding_is_redone_whatever_the_setting_is_after(tmp_path: Path) -> None:
+    """Cut from 256 to 128 tokens, killed after one commit, set back to 256: the files the killed run committed
+    hold 128-token vectors, so the next run must embed everything again rather than trust their hashes."""
+    repo = make_repo(tmp_path / "repo")
+    state = tmp_path / "state"
+    first = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
+    try:
+        finished(first.start_index(str(repo), "k", [], [], None)[2])
+        everything = first._reports["k"].embedded_chunks
+    finally:
+        first.close()
+    short = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path], search_embed_max_tokens=128))
+    try:
+        _interrupted_after_first_commit(short, repo)
+        assert short.store("k").meta()["embed_tokens"] is None  # mixed
+    finally:
+        short.close()
+    back = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
+    try:
+        finished(back.start_index(str(repo), "k", [], [], None)[2])
+        assert back._reports["k"].embedded_chunks == everything
+        assert back.store("k").meta()["embed_tokens"] == 256
+    finally:
+        back.close()

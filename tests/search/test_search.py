@@ -306,6 +306,8 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
         await call_ok(client, "search_index", path=str(repo), name="headers")
         hits = (await call_ok(client, "search_code", query="Widget", index="headers", k=10))["hits"]
         ring = (await call_ok(client, "search_code", query="ring", index="headers", k=10))["hits"]
+        dry = (await call_ok(client, "search_index", path=str(repo), name="headers", dry_run=True))["dry_run"]
+    assert dry["files_by_language"] == {"cpp": 1, "c": 1} and dry["chunks_to_embed"] == 0  # as the run chunked them
     widget = [h for h in hits if h["path"] == "widget.h"]
     assert widget and widget[0]["language"] == "cpp"
     assert (widget[0]["symbol"], widget[0]["kind"]) == ("ui", "namespace")  # the C grammar sees no namespace
@@ -321,6 +323,8 @@ async def test_an_index_embedded_reading_another_number_of_tokens_is_embedded_ag
         assert store.meta()["embed_tokens"] == tokens
         with store.transaction() as db:
             store.set_meta(db, embed_tokens=tokens // 2)  # as if built with a shorter cut: its vectors differ
+        dry = await call_ok(client, "search_index", path=str(repo), name="tokens", dry_run=True)
+        assert dry["dry_run"]["chunks_to_embed"] == first["chunks"]  # the preview says so too
         res = await call_ok(client, "search_index", path=str(repo), name="tokens")
         assert res["embedded_chunks"] == first["embedded_chunks"] and res["chunks"] == first["chunks"]
         assert store.meta()["embed_tokens"] == tokens

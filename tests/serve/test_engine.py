@@ -200,17 +200,18 @@ async def test_a_request_closed_midway_is_aborted_by_the_engine(box: Any) -> Non
 
     def counters() -> tuple[float, float]:
         m = client.metrics(url, key)
-        assert m is not None
-        return m.requests_running or 0.0, m.generation_tokens_total or 0.0
+        assert m is not None and m.requests_running is not None and m.generation_tokens_total is not None, m
+        return m.requests_running, m.generation_tokens_total
 
     before = (await anyio.to_thread.run_sync(counters))[1]
     body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 1500, "ignore_eos": True}
     async with contextlib.aclosing(client.stream(url, key, "/completions", body, 120)) as chunks:
         async for _ in chunks:
+            assert (await anyio.to_thread.run_sync(counters))[0] >= 1  # the engine is generating it
             break  # the first token is out: the caller goes away
     _, done = await wait_until(lambda: (r := counters())[0] == 0 and r, timeout=60)
     assert done - before < 1500  # stopped early: not the 1500 tokens asked for
-    async with Client(mcp) as c:  # and the next request opens a new connection
+    async with Client(mcp) as c:  # and the engine serves the next request
         out = await call_ok(c, "infer_complete", model=MODEL, prompt="The capital of France is", max_tokens=8)
     assert out["completion_tokens"] > 0
 

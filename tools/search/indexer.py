@@ -67,6 +67,12 @@ class IndexReport:
 LEGACY_EMBED_TOKENS = 256
 
 
+def needs_new_vectors(meta: dict[str, Any], embedder: Embedder) -> bool:
+    """The index's vectors were made reading another number of tokens per chunk, or a run changing that number was
+    interrupted (`embed_tokens` None: some vectors read one number, some the other)."""
+    return meta.get("embed_tokens", LEGACY_EMBED_TOKENS) != embedder.max_seq_length
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -133,7 +139,7 @@ def run_index(
     progress.phase = "chunking"
     # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors); vectors
     # made reading another number of tokens per chunk are all made again
-    retokened = bool(known) and meta.get("embed_tokens", LEGACY_EMBED_TOKENS) != embedder.max_seq_length
+    retokened = bool(known) and needs_new_vectors(meta, embedder)
     stale = (meta.get("chunker") != CHUNKER_VERSION or retokened) and bool(known)
     scan = _scan(root, result, {p: "" for p in known} if stale else known, progress)
     removed = [p for p in known if p not in scan.seen]
@@ -150,7 +156,7 @@ def run_index(
     progress.chunks_to_embed = to_embed
     publisher = _Publisher(
         store, root, embedder, ann_threshold, meta, known, removed, vectors=have, to_embed=to_embed, t0=t0,
-        rechunk=stale,
+        rechunk=stale, retokened=retokened,
     )  # fmt: skip
     publisher.start(len(scan.per_file))
     _embed_and_publish(groups, publisher, progress, commit_chunks, write_share, on_commit)
@@ -183,7 +189,8 @@ def _scan(root: Path, walked: WalkResult, known: dict[str, str], progress: Progr
             walked.excluded["unreadable or replaced since the walk"] += 1
             continue
         scan.seen.add(rel)
-        text = data.decode("utf-8", errors="replace") if lang == "c" else None  # only a .h may turn out C++
+        maybe_cpp = lang == "c" and rel.lower().endswith(".h")
+        text = data.decode("utf-8", errors="replace") if maybe_cpp else None  # only a .h may turn out C++
         lang = refine_language(rel, lang, text) if text is not None else lang
         scan.langs[lang] += 1
         digest = sha(data)
@@ -293,6 +300,7 @@ class _Publisher:
     t0: float
     run: dict[str, Any] = field(default_factory=dict)  # meta['run'], written with every commit
     rechunk: bool = False  # the index was chunked by an older chunker: every file is chunked again
+    retokened: bool = False  # and embedded again, reading another number of tokens per chunk
     dim: int = 0
     gen: int = 0
 
@@ -312,6 +320,13 @@ class _Publisher:
         }
         with self.store.transaction() as db:
             self.store.set_meta(db, run=self.run)
+
+    def _embed_tokens(self, last: bool) -> int | None:
+        """What meta['embed_tokens'] says after a commit: until a re-embedding run's last commit its vectors are
+        mixed (None), so an interrupted one is re-embedded whatever the setting is by then."""
+        if last or not self.rechunk:
+            return self.embedder.max_seq_length
+        return None if self.retokened else self.meta.get("embed_tokens", LEGACY_EMBED_TOKENS)
 
     def commit(self, batch: _Group, chunks_embedded: int, last: bool) -> None:
         self.gen += 1
@@ -350,9 +365,7 @@ class _Publisher:
                 # a re-chunking run records the new chunker with its last commit only: if it is interrupted, the
                 # next run re-chunks again (the files it did not reach are still cut the old way)
                 chunker=CHUNKER_VERSION if last or not self.rechunk else self.meta.get("chunker"),
-                embed_tokens=self.embedder.max_seq_length
-                if last or not self.rechunk
-                else self.meta.get("embed_tokens"),
+                embed_tokens=self._embed_tokens(last),
             ),
         )
 

@@ -23,7 +23,16 @@ from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder, default_model_path
-from gpubox.tools.search.indexer import Cancelled, IndexReport, Progress, embed_text, ensure_not_running, run_index, sha
+from gpubox.tools.search.indexer import (
+    Cancelled,
+    IndexReport,
+    Progress,
+    embed_text,
+    ensure_not_running,
+    needs_new_vectors,
+    run_index,
+    sha,
+)
 from gpubox.tools.search.query import hybrid, snippet
 from gpubox.tools.search.runstate import unfinished_run
 from gpubox.tools.search.schemas import (
@@ -38,7 +47,7 @@ from gpubox.tools.search.schemas import (
     SearchResults,
 )
 from gpubox.tools.search.store import IndexStore
-from gpubox.tools.search.walker import WalkOptions, walk
+from gpubox.tools.search.walker import WalkOptions, refine_language, walk
 
 log = logging.getLogger("gpubox.search")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -247,7 +256,8 @@ class SearchService:
         if name in self.names():
             st = self.store(name)
             meta = st.meta()
-            known = {h for (h,) in st.connect().execute("SELECT text_hash FROM chunks")}
+            if not needs_new_vectors(meta, self.embedder):  # else every chunk is embedded again (run_index)
+                known = {h for (h,) in st.connect().execute("SELECT text_hash FROM chunks")}
         files_by, chunks_by = Counter[str](), Counter[str]()
         todo = text_bytes = 0
         for rel, lang in res.files:
@@ -255,6 +265,7 @@ class SearchService:
             if data is None:
                 continue
             text = data.decode("utf-8", errors="replace")
+            lang = refine_language(rel, lang, text)  # as run_index chunks it: a .h holding C++ is C++
             files_by[lang] += 1
             for c in chunk_text(text, lang):
                 chunks_by[lang] += 1

@@ -138,19 +138,43 @@ def language_of(name: str) -> str | None:
 
 
 # Constructs C has no syntax for. A `.h` is C or C++ by its content alone (fmt's headers are all `.h`, so are
-# abseil's); the C grammar reads a C++ class as an error node and loses its symbols, while `extern "C"` guards under
-# `#ifdef __cplusplus` are ordinary C headers and stay C.
+# abseil's); the C grammar reads a C++ class as an error node and loses its symbols. Comments and the
+# `#if ... __cplusplus ... #endif` blocks of C headers (glibc's math.h, pthread.h) are read past first, so a C header
+# written to be includable from C++ stays C. Each pattern stays on one line or two (no runaway backtracking).
 _CPP_MARKERS = re.compile(
-    r"^[ \t]*(?:(?:inline[ \t]+)?namespace(?:[ \t]+[\w:]+)?[ \t]*\{|template[ \t]*<|using[ \t]+namespace\b"
-    r"|(?:public|private|protected)[ \t]*:|class[ \t]+\w+[^;()]*[{:][ \t]*$)|\bstd::\w",
+    r"^[ \t]*(?:(?:inline[ \t]+)?namespace(?:[ \t]+[\w:]+)?\s{0,8}\{|template[ \t]*<|using[ \t]+namespace\b"
+    r"|(?:public|private|protected)[ \t]*:|enum[ \t]+class\b|#[ \t]*include[ \t]*<\w+>"
+    r"|class[ \t]+\w+[^;()\n]*(?:\n[^;()\n]*)?[{:][ \t]*$)|\bstd::\w",
     re.MULTILINE,
 )
+_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+_IF = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b(.*)$", re.MULTILINE)
+
+
+def _without_cplusplus_blocks(text: str) -> str:
+    """`text` minus every `#if` block whose condition names __cplusplus (nested #if counted)."""
+    out, depth, skip_from, pos = [], 0, None, 0
+    for m in _IF.finditer(text):
+        if m.group(1) != "endif":
+            depth += 1
+            if skip_from is None and "__cplusplus" in m.group(2):
+                out.append(text[pos : m.start()])
+                skip_from = depth
+        else:
+            if skip_from is not None and depth == skip_from:
+                pos, skip_from = m.end(), None
+            depth = max(0, depth - 1)
+    if skip_from is None:
+        out.append(text[pos:])
+    return "".join(out)
 
 
 def refine_language(path: str, language: str, text: str) -> str:
     """The language of a file from its content where its extension is ambiguous: a `.h` holding C++ is C++."""
-    if language == "c" and path.endswith(".h") and _CPP_MARKERS.search(text):
-        return "cpp"
+    if language == "c" and path.lower().endswith(".h"):
+        code = _without_cplusplus_blocks(_COMMENTS.sub(" ", text))
+        if _CPP_MARKERS.search(code):
+            return "cpp"
     return language
 
 

@@ -9,7 +9,7 @@ import functools
 import json
 import ssl
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
@@ -102,11 +102,14 @@ def metrics(base_url: str, api_key: str | None, timeout: float = 5.0) -> EngineM
 
 async def stream(
     base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """POST with stream=true and yield each server-sent JSON chunk; a connection failure is a BusyError."""
     try:
-        async for chunk in _stream(base_url, api_key, path, body, timeout):
-            yield chunk
+        # closed with this generator, not later by the interpreter's async-generator cleanup: the connection (and
+        # the engine's work on the request) ends the moment the caller stops reading
+        async with contextlib.aclosing(_stream(base_url, api_key, path, body, timeout)) as chunks:
+            async for chunk in chunks:
+                yield chunk
     except httpx.HTTPError as exc:
         raise BusyError(
             f"the engine at {base_url} did not answer ({type(exc).__name__}: {exc}); serve_status shows its state"
@@ -118,7 +121,8 @@ async def stream(
 # per-request cost that grows with concurrent clients (bench/serve_bench.py). The last request out closes it, so no
 # socket outlives the calls that used it. A response closed before its end drops its connection, so a cancelled MCP
 # call still makes vLLM abort the request. Keyed by loop: an httpx client is bound to the loop it first ran on.
-_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+# idle connections expire before uvicorn's 5 s keep-alive closes them server-side (a reuse would race that close)
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=4.0)
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
 
 
@@ -141,7 +145,7 @@ async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 async def _stream(
     base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     url, limit = base_url.rstrip("/") + path, httpx.Timeout(timeout, connect=10.0)
     async with (
         _pooled(base_url) as c,

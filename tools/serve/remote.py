@@ -6,6 +6,7 @@ Closing the stream (the MCP call was cancelled) makes vLLM abort the request. A 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -63,17 +64,20 @@ async def generate(
     usage: dict[str, Any] = {}
     chunks = 0
     body = request_body(rec, messages, prompt, p, model)
-    async for chunk in client.stream(rec.base_url, rec.api_key, path, body, timeout):
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
-            if piece:
-                first = first or time.perf_counter()
-                text.append(piece)
-                chunks += 1
-                if report is not None:
-                    await report(float(chunks), float(p.max_tokens), piece)
-            finish = choice.get("finish_reason") or finish
+    # closed on the spot when the MCP call is cancelled (even while a progress report is being sent): the engine
+    # sees its connection drop and aborts the request
+    async with contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout)) as sse:
+        async for chunk in sse:
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+                    chunks += 1
+                    if report is not None:
+                        await report(float(chunks), float(p.max_tokens), piece)
+                finish = choice.get("finish_reason") or finish
     end = time.perf_counter()
     out = "".join(text)
     completion = int(usage.get("completion_tokens") or chunks)
