@@ -750,3 +750,44 @@ def test_windows_of_a_long_function_repeat_its_def_line(language: str, source: s
 def test_a_header_is_cpp_only_when_it_holds_cpp(text: str, language: str) -> None:
     assert refine_language("include/x.h", "c", text) == language
     assert refine_language("src/x.c", "c", text) == "c"  # a .c file is C whatever it holds
+
+
+CPP_DECLS = """\
+namespace absl {
+class Cord;
+struct Options;
+template <typename T> class StatusOr;
+
+// A rope of bytes.
+class Cord {
+ public:
+  void Append(const Cord& src);
+};
+
+void Cord::Append(const Cord& src) {
+  contents_.AppendTree(src);
+}
+
+template <typename T>
+T Box<T>::get() const { return v_; }
+}  // namespace absl
+"""
+
+
+def test_cpp_forward_declarations_are_no_symbols_and_out_of_line_methods_know_their_class() -> None:
+    filler = "\n".join(f"int filler_{i}(int x) {{ return x + {i}; }}" for i in range(MAX_LINES))
+    src = CPP_DECLS.replace("}  // namespace absl", filler + "\n}  // namespace absl")
+    found = [(c.kind, c.symbol, c.parent) for c in chunk_text(src, "cpp") if "filler" not in (c.symbol or "")]
+    assert ("class", "Cord", "absl") in found and found.count(("class", "Cord", "absl")) == 1  # not `class Cord;`
+    assert not any(s in ("Options", "StatusOr") for _, s, _ in found)  # declared, never defined here
+    assert ("method", "Append", "Cord") in found and ("method", "get", "Box") in found
+    get = next(c for c in chunk_text(src, "cpp") if c.symbol == "get")
+    assert get.text.startswith("template <typename T>")  # the template line belongs to what it templates
+
+
+def test_c_struct_mentions_are_no_symbols() -> None:
+    src = "struct foo;\nstruct foo *global;\nstruct foo { int a; };\nint f(struct foo *p) { return p->a; }\n"
+    assert [(c.kind, c.symbol, c.start_line) for c in chunk_text(src, "c")] == [
+        ("struct", "foo", 3),
+        ("function", "f", 4),
+    ]

@@ -25,7 +25,8 @@ log = logging.getLogger("gpubox.search")
 # Bumped when chunk boundaries change: an index built by an older chunker re-chunks every file on its next run.
 # 2: symbols for C#, Ruby, PHP, Kotlin, Swift, Scala, Bash, Lua, Zig, Elixir and Haskell.
 # 3: a `.h` file holding C++ is chunked by the C++ grammar (walker.refine_language).
-CHUNKER_VERSION = 3
+# 4: C/C++ forward declarations are no symbols; `Cord::Append` is method Append of Cord; `template <...>` included.
+CHUNKER_VERSION = 4
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10

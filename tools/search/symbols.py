@@ -344,6 +344,19 @@ def _haskell(node: Any, kind: str) -> tuple[str, str | None] | None:
     return kind, (_text(name).strip("()") or None) if name is not None else None
 
 
+def _c_family(node: Any, kind: str) -> tuple[str, str | None, str | None] | None:
+    """C/C++: `class Cord;` or `struct foo *p` names a type without defining it (no body): no symbol, or every
+    file that mentions a class would offer it as a definition. `void Cord::Append(...) {` is method Append of Cord."""
+    if node.type.endswith("_specifier") and node.child_by_field_name("body") is None:
+        return None
+    name = _name(node)
+    if name and "::" in name and node.type == "function_definition":
+        owner, _, last = name.rpartition("::")
+        owner = owner.rpartition("::")[2].split("<")[0]  # absl::Cord::Append, Foo<T>::bar -> Cord, Foo
+        return ("method", last, owner) if owner else (kind, last, None)
+    return kind, name, None
+
+
 def classify(language: str, node: Any, src: bytes) -> Sym | None:
     """The symbol a node of a type in SYMBOLS[language] defines, or None when it is none (a call that is no
     def, a variable not bound to a function)."""
@@ -392,6 +405,14 @@ def classify(language: str, node: Any, src: bytes) -> Sym | None:
     elif language == "ruby":
         name = _name(node)
         name = name.rpartition("::")[2] if name else None  # class Sinatra::Base -> Base
+    elif language in ("c", "cpp"):
+        found = _c_family(node, kind)
+        if found is None:
+            return None
+        kind, name, parent = found
+        if node.parent is not None and node.parent.type == "template_declaration":
+            span = node.parent  # `template <typename T>` above a class or function is part of it
+            start = span.start_point[0]
     else:
         name = _name(node)
         if node.type == "method_declaration" and language == "go":
