@@ -791,3 +791,42 @@ def test_c_struct_mentions_are_no_symbols() -> None:
         ("struct", "foo", 3),
         ("function", "f", 4),
     ]
+
+
+MACRO_CLASSES = """\
+template <typename T>
+class ABSL_MUST_USE_RESULT StatusOr : private internal_statusor::StatusOrData<T> {
+ public:
+  StatusOr();
+};
+
+class ABSL_LOCKABLE ABSL_ATTRIBUTE_WARN_UNUSED Mutex {
+ public:
+  void Lock();
+};
+
+struct FMT_EXPORT format_parse_context {
+  int x;
+};
+
+ABSL_MUST_USE_RESULT bool ParseFlag(int x) {
+  return x > 0;
+}
+
+class RGB {
+  int r;
+};
+"""
+
+
+def test_attribute_macros_do_not_turn_a_cpp_class_into_a_function() -> None:
+    chunks = chunk_text(MACRO_CLASSES, "cpp")
+    found = [(c.kind, c.symbol) for c in chunks]
+    assert found == [
+        ("class", "StatusOr"),
+        ("class", "Mutex"),
+        ("struct", "format_parse_context"),
+        ("function", "ParseFlag"),
+        ("class", "RGB"),  # an all-caps class name is the name, not a macro
+    ]
+    assert "class ABSL_LOCKABLE ABSL_ATTRIBUTE_WARN_UNUSED Mutex {" in chunks[1].text  # texts stay as written

@@ -26,7 +26,8 @@ log = logging.getLogger("gpubox.search")
 # 2: symbols for C#, Ruby, PHP, Kotlin, Swift, Scala, Bash, Lua, Zig, Elixir and Haskell.
 # 3: a `.h` file holding C++ is chunked by the C++ grammar (walker.refine_language).
 # 4: C/C++ forward declarations are no symbols; `Cord::Append` is method Append of Cord; `template <...>` included.
-CHUNKER_VERSION = 4
+# 5: C/C++ parsed with the macros that break definitions blanked (without_macros).
+CHUNKER_VERSION = 5
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
@@ -133,6 +134,37 @@ def _bats(lines: list[str]) -> tuple[str, dict[int, str]]:
     return "\n".join(out), names
 
 
+# C/C++ macros tree-sitter cannot expand, where they break a definition's parse: attribute macros between `class`
+# and the class's name (`class ABSL_LOCKABLE Mutex {`, `struct FMT_EXPORT context {`), which make the grammar read
+# the class as a function named after the macro, and in C++ a line-leading attribute macro before a function's type
+# (`ABSL_MUST_USE_RESULT bool Foo(...)`). Blanked with spaces, so every byte and line keeps its place. Lines that
+# are only a macro (`ABSL_NAMESPACE_BEGIN`) are left alone: blanking them too cost nlohmann-json 0.06 NDCG@10 on
+# semble's tune half (its giant namespaces then split into members), bench/results/search_semble_tune.md.
+_MACRO = r"[A-Z][A-Z0-9_]{2,}(?:\([^()\n]*\))?"
+_CLASS_MACROS = re.compile(
+    rf"\b(?:class|struct|union)[ \t]+((?:{_MACRO}[ \t]+)+)(?=[A-Za-z_]\w*(?:[ \t]+final)?[ \t]*(?:[:{{<]|$))".encode(),
+    re.MULTILINE,
+)
+_LEADING_ATTRIBUTE = re.compile(
+    rb"^[ \t]*((?:[A-Z][A-Z0-9]*_[A-Z0-9_]+(?:\([^()\n]*\))?[ \t]+)+)(?=[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?\w+[ \t]*\()",
+    re.MULTILINE,
+)
+
+
+def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
+    out = bytearray(src)
+    for m in pattern.finditer(src):
+        a, b = m.span(group)
+        out[a:b] = b" " * (b - a)
+    return bytes(out)
+
+
+def without_macros(src: bytes, cpp: bool = True) -> bytes:
+    """`src` with the macros that break C/C++ definitions blanked (same length, same lines)."""
+    src = _blank(src, _CLASS_MACROS, 1)
+    return _blank(src, _LEADING_ATTRIBUTE, 1) if cpp else src
+
+
 def chunk_text(text: str, language: str) -> list[Chunk]:
     lines = text.splitlines()
     if not lines:
@@ -145,7 +177,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     if language == "bash" and any(line.lstrip().startswith("@test") for line in lines):
         text, labels = _bats(lines)
     src = text.encode()
-    tree = parser.parse(src)
+    tree = parser.parse(without_macros(src, language == "cpp") if language in ("c", "cpp") else src)
     containers = CONTAINERS | MEMBER_CONTAINERS.get(language, set())
     out: list[Chunk] = []
     covered = [False] * len(lines)
