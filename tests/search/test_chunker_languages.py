@@ -830,3 +830,36 @@ def test_attribute_macros_do_not_turn_a_cpp_class_into_a_function() -> None:
         ("class", "RGB"),  # an all-caps class name is the name, not a macro
     ]
     assert "class ABSL_LOCKABLE ABSL_ATTRIBUTE_WARN_UNUSED Mutex {" in chunks[1].text  # texts stay as written
+
+
+@pytest.mark.parametrize(
+    ("source", "symbol"),
+    [
+        ("class RGB final {\n int r;\n};\n", ("class", "RGB", None)),  # `final` is no class name
+        ("class MY_API Foo final : public Base {\n int r;\n};\n", ("class", "Foo", None)),
+        ("SIZE_T const& size() const { return n; }\n", ("function", "size", None)),  # the macro is the type
+        ("FOO_T __stdcall get(int x) { return x; }\n", ("function", "get", None)),
+        ("enum FOO_API Color { RED };\n", ("enum", "Color", None)),
+        ("class FOO_API Foo\r\n{\r\n int x;\r\n};\r\n", ("class", "Foo", None)),
+        ("void Foo<std::vector<int>>::bar() {}\n", ("method", "bar", "Foo")),  # `::` inside template arguments
+        ("void Foo<A::B>::f() {}\n", ("method", "f", "Foo")),
+        ("Foo::operator std::string() const { return s; }\n", ("method", "operator std::string", "Foo")),
+        ("ABSL_MUST_USE_RESULT bool Foo::Bar(int x) { return x; }\n", ("method", "Bar", "Foo")),
+        ("Foo::~Foo() {}\n", ("method", "~Foo", "Foo")),
+        ("bool Foo::operator==(const Foo& o) const { return true; }\n", ("method", "operator==", "Foo")),
+    ],
+)
+def test_cpp_heads_that_macros_and_qualified_names_make_hard(source: str, symbol: tuple[str, str, str | None]) -> None:
+    assert [(c.kind, c.symbol, c.parent) for c in chunk_text(source, "cpp")] == [symbol]
+
+
+def test_a_brace_initialiser_is_no_class_head_and_nested_templates_stay_whole() -> None:
+    assert [(c.kind, c.symbol) for c in chunk_text("void g() {\n  struct RGB_COLOR c{1, 2, 3};\n}\n", "cpp")] == [
+        ("function", "g")
+    ]
+    (f,) = chunk_text("template <class T>\ntemplate <class U>\nvoid A<T>::f(U u) {}\n", "cpp")
+    assert f.start_line == 1 and (f.symbol, f.parent) == ("f", "A")
+
+
+def test_a_long_line_of_macro_like_words_is_chunked_in_linear_time() -> None:
+    chunk_text("A_B " * 200_000 + "\n", "cpp")  # backtracked quadratically before the repetition was bounded

@@ -141,12 +141,17 @@ def _bats(lines: list[str]) -> tuple[str, dict[int, str]]:
 # are only a macro (`ABSL_NAMESPACE_BEGIN`) are left alone: blanking them too cost nlohmann-json 0.06 NDCG@10 on
 # semble's tune half (its giant namespaces then split into members), bench/results/search_semble_tune.md.
 _MACRO = r"[A-Z][A-Z0-9_]{2,}(?:\([^()\n]*\))?"
+# the class's name follows: not `final` (`class RGB final {` names RGB), then a base list, template arguments, a
+# body's brace (not a brace initialiser `struct RGB_COLOR c{1, 2, 3};`) or the end of the line
 _CLASS_MACROS = re.compile(
-    rf"\b(?:class|struct|union)[ \t]+((?:{_MACRO}[ \t]+)+)(?=[A-Za-z_]\w*(?:[ \t]+final)?[ \t]*(?:[:{{<]|$))".encode(),
+    rf"\b(?:class|struct|union|enum(?:[ \t]+(?:class|struct))?)[ \t]+((?:{_MACRO}[ \t]+){{1,4}})"
+    rf"(?=(?!final\b)[A-Za-z_]\w*(?:[ \t]+final)?(?:[ \t]*[:<]|[ \t]+\{{|[ \t]*\{{?[ \t]*\r?$))".encode(),
     re.MULTILINE,
 )
+# at most four macros, and not before a `const`/`volatile`/`__stdcall` that shows the ALL_CAPS word is the type
 _LEADING_ATTRIBUTE = re.compile(
-    rb"^[ \t]*((?:[A-Z][A-Z0-9]*_[A-Z0-9_]+(?:\([^()\n]*\))?[ \t]+)+)(?=[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?\w+[ \t]*\()",
+    rb"^[ \t]*((?:[A-Z][A-Z0-9]*_[A-Z0-9_]+(?:\([^()\n]*\))?[ \t]+){1,4})"
+    rb"(?=(?!(?:const|volatile|__\w+)\b)[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?(?:\w+::)*~?\w+[ \t]*\()",
     re.MULTILINE,
 )
 

@@ -349,12 +349,38 @@ def _c_family(node: Any, kind: str) -> tuple[str, str | None, str | None] | None
     file that mentions a class would offer it as a definition. `void Cord::Append(...) {` is method Append of Cord."""
     if node.type.endswith("_specifier") and node.child_by_field_name("body") is None:
         return None
-    name = _name(node)
-    if name and "::" in name and node.type == "function_definition":
-        owner, _, last = name.rpartition("::")
-        owner = owner.rpartition("::")[2].split("<")[0]  # absl::Cord::Append, Foo<T>::bar -> Cord, Foo
-        return ("method", last, owner) if owner else (kind, last, None)
-    return kind, name, None
+    if node.type == "function_definition":
+        qualified = _out_of_line(node)
+        if qualified is not None:
+            owner, name = qualified
+            return ("method", name, owner) if owner else (kind, name, None)
+    return kind, _name(node), None
+
+
+def _out_of_line(node: Any) -> tuple[str | None, str] | None:
+    """(owner, name) of `R A<T>::B::m(...)` read from the tree (`::` also occurs inside template arguments and
+    conversion operators); None when the definition is not qualified or its declarator did not parse."""
+    d = node.child_by_field_name("declarator")
+    while d is not None and d.type != "qualified_identifier":
+        if d.type in ("identifier", "field_identifier", "destructor_name", "operator_name", "operator_cast"):
+            return None
+        d = d.child_by_field_name("declarator") or (d.named_children[0] if d.named_children else None)
+    if d is None or any(c.type == "ERROR" for c in d.children):
+        return None
+    scope = None
+    while d is not None and d.type == "qualified_identifier":
+        scope, d = d.child_by_field_name("scope"), d.child_by_field_name("name")
+    if d is None:
+        return None
+    if scope is not None and scope.type == "template_type":  # Foo<T>::bar -> Foo
+        scope = scope.child_by_field_name("name")
+    if d.type == "operator_cast":
+        name = "operator " + _text(d.child_by_field_name("type"))
+    elif d.type == "template_function":  # Foo::bar<int>
+        name = _text(d.child_by_field_name("name"))
+    else:
+        name = _text(d)
+    return (_text(scope) or None), name
 
 
 def classify(language: str, node: Any, src: bytes) -> Sym | None:
@@ -410,9 +436,9 @@ def classify(language: str, node: Any, src: bytes) -> Sym | None:
         if found is None:
             return None
         kind, name, parent = found
-        if node.parent is not None and node.parent.type == "template_declaration":
-            span = node.parent  # `template <typename T>` above a class or function is part of it
-            start = span.start_point[0]
+        while span.parent is not None and span.parent.type == "template_declaration":
+            span = span.parent  # `template <typename T>` lines above a class or function are part of it
+        start = span.start_point[0]
     else:
         name = _name(node)
         if node.type == "method_declaration" and language == "go":
