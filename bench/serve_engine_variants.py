@@ -22,21 +22,12 @@ import time
 from pathlib import Path
 
 import httpx
+from serve_bench import PROMPTS  # the same prompts as the MCP benchmark (bench/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ENGINE = ROOT / ".venv-vllm" / "bin" / "python"
 PORT = 8711
-PROMPTS = [
-    "The history of the printing press begins in",
-    "A good recipe for tomato soup starts with",
-    "The three laws of motion described by Newton are",
-    "In the year 2050, cities will be powered by",
-    "The main difference between a virus and a bacterium is",
-    "To learn a new programming language quickly, you should",
-    "The Amazon rainforest is important for the planet because",
-    "Once upon a time, in a small village by the sea,",
-]
 # (label, extra flags, extra environment)
 VARIANTS: list[tuple[str, list[str], dict[str, str]]] = [
     ("bf16, enforce_eager (serve_bench.py until 2026-11-25)", ["--dtype", "bfloat16", "--enforce-eager"], {}),

@@ -79,7 +79,7 @@ async def test_concurrent_streams_share_one_client_that_the_last_one_closes(engi
     async def one() -> None:
         n = 0
         async for _ in client.stream(url, None, "/completions", {"max_tokens": 20}, 30):
-            seen.append(id(client._POOLS[_loop()][url][0]))
+            seen.append(id(client._POOLS[_loop()][url].client))
             n += 1
         results.append(n)
 
@@ -107,7 +107,7 @@ async def test_an_abandoned_stream_drops_its_connection_and_the_others_finish(en
         async with contextlib.aclosing(client.stream(url, None, "/completions", {"max_tokens": 0}, 30)) as chunks:
             async for _ in chunks:
                 break  # the caller goes away after the first token of an endless answer
-        assert client._POOLS[_loop()][url][1] == 1  # its slot is given back now, not by a later cleanup task
+        assert client._POOLS[_loop()][url].users == 1  # its slot is given back now, not by a later cleanup task
         assert await anyio.to_thread.run_sync(eng.dropped.wait, 10)  # the server saw it go, at once
     assert finished == [40]
     assert url not in client._POOLS.get(_loop(), {})

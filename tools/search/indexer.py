@@ -21,7 +21,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import CHUNKER_VERSION, Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.store import IndexStore, fsync_write
-from gpubox.tools.search.walker import WalkOptions, WalkResult, refine_language, walk
+from gpubox.tools.search.walker import WalkOptions, WalkResult, ambiguous, refine_language, walk
 
 log = logging.getLogger("gpubox.search")
 
@@ -189,8 +189,8 @@ def _scan(root: Path, walked: WalkResult, known: dict[str, str], progress: Progr
             walked.excluded["unreadable or replaced since the walk"] += 1
             continue
         scan.seen.add(rel)
-        maybe_cpp = lang == "c" and rel.lower().endswith(".h")
-        text = data.decode("utf-8", errors="replace") if maybe_cpp else None  # only a .h may turn out C++
+        # decoded before the unchanged-file check only where the content decides the language (a .h: C or C++)
+        text = data.decode("utf-8", errors="replace") if ambiguous(rel, lang) else None
         lang = refine_language(rel, lang, text) if text is not None else lang
         scan.langs[lang] += 1
         digest = sha(data)

@@ -169,9 +169,14 @@ def _without_cplusplus_blocks(text: str) -> str:
     return "".join(out)
 
 
+def ambiguous(path: str, language: str) -> bool:
+    """Whether the file's content may change its language (refine_language): only a `.h` may be C or C++."""
+    return language == "c" and path.lower().endswith(".h")
+
+
 def refine_language(path: str, language: str, text: str) -> str:
     """The language of a file from its content where its extension is ambiguous: a `.h` holding C++ is C++."""
-    if language == "c" and path.lower().endswith(".h"):
+    if ambiguous(path, language):
         code = _without_cplusplus_blocks(_COMMENTS.sub(" ", text))
         if _CPP_MARKERS.search(code):
             return "cpp"

@@ -10,6 +10,7 @@ import json
 import ssl
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -121,26 +122,34 @@ async def stream(
 # per-request cost that grows with concurrent clients (bench/serve_bench.py). The last request out closes it, so no
 # socket outlives the calls that used it. A response closed before its end drops its connection, so a cancelled MCP
 # call still makes vLLM abort the request. Keyed by loop: an httpx client is bound to the loop it first ran on.
-# idle connections expire before uvicorn's 5 s keep-alive closes them server-side (a reuse would race that close)
+# Idle connections expire before uvicorn's 5 s keep-alive closes them server-side (a reuse would race that close).
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=4.0)
-_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Pool:
+    client: httpx.AsyncClient
+    users: int = 0
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Pool]] = weakref.WeakKeyDictionary()
 
 
 @contextlib.asynccontextmanager
 async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     pools = _POOLS.setdefault(asyncio.get_running_loop(), {})
-    entry = pools.get(base_url)
-    if entry is None:
-        entry = pools[base_url] = [httpx.AsyncClient(limits=_LIMITS, verify=verify(base_url)), 0]
-    entry[1] += 1
+    pool = pools.get(base_url)
+    if pool is None:
+        pool = pools[base_url] = _Pool(httpx.AsyncClient(limits=_LIMITS, verify=verify(base_url)))
+    pool.users += 1
     try:
-        yield entry[0]
+        yield pool.client
     finally:
-        entry[1] -= 1
-        if entry[1] == 0:
+        pool.users -= 1
+        if pool.users == 0:
             pools.pop(base_url, None)
             with anyio.CancelScope(shield=True):  # a cancelled call still closes the sockets it leaves
-                await entry[0].aclose()
+                await pool.client.aclose()
 
 
 async def _stream(
