@@ -26,7 +26,8 @@ mkdir "$WORK/src"
     || { tail -40 "$WORK/build.log" >&2; echo "wheel_check: python -m build failed" >&2; exit 1; }
 WHEEL="$(ls "$WORK"/dist/gpubox-*.whl)"
 for f in gpubox/tools/estimate/data/gpus.json gpubox/tools/estimate/data/models.json \
-    gpubox/tools/estimate/data/prices.json gpubox/cli.py gpubox/tools/search/__init__.py; do
+    gpubox/tools/estimate/data/prices.json gpubox/cli.py gpubox/tools/search/__init__.py \
+    gpubox/tools/search/data/minilm_code_v1.safetensors; do
     "$PY" -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
         "$WHEEL" "$f" || { echo "wheel_check: $f is missing from $(basename "$WHEEL")" >&2; exit 1; }
 done

@@ -142,6 +142,13 @@ class Settings(BaseSettings):
         "minishlab/potion-code-16M downloaded beforehand; needs the model2vec extra). Never downloaded at run time; "
         "indexes built with another model must be dropped and re-indexed.",
     )
+    search_code_adapter: bool = Field(
+        default=False,
+        description="With the bundled all-MiniLM-L6-v2: merge gpubox's code-tuned adapter into it (trained on doc "
+        "comments and the definitions they describe, in public code outside semble's benchmark): a better vector "
+        "mode, about the same hybrid ranking (bench/results/code_embedder.md). Other models are used as they are. "
+        "Changing it re-embeds each index on its next search_index run.",
+    )
     search_max_file_bytes: int = Field(
         default=1_000_000, ge=1024, le=100_000_000, description="Files larger than this are not indexed."
     )

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from gpubox.app import state_of
+from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
 from gpubox.tools.search.adapter import search_service
 from tests.conftest import call_err, call_ok, wait_until
 from tests.search.conftest import finished, make_repo
@@ -312,6 +313,36 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
     assert widget and widget[0]["language"] == "cpp"
     assert (widget[0]["symbol"], widget[0]["kind"]) == ("ui", "namespace")  # the C grammar sees no namespace
     assert {h["language"] for h in ring if h["path"] == "ring.h"} == {"c"}
+
+
+async def test_an_index_embedded_without_the_code_adapter_is_refused_for_vectors_then_embedded_again(
+    search_env: Any,
+) -> None:
+    """An index from before the code adapter (no `adapter` in its meta) holds plain-MiniLM vectors: a vector search
+    would compare them with adapted query vectors, so it is refused with the way out; lexical still answers, the
+    dry run counts the re-embedding, and search_index makes every vector again."""
+    repo = make_repo(search_env[1] / "adapter")
+    server = build_server(
+        Settings.load(state_dir=search_env[1].parent / "adapter-state", allowed_roots=[search_env[1]],
+                      search_index_wait_seconds=120, search_code_adapter=True)
+    )  # fmt: skip
+    store = search_service(state_of(server)).store("adapter", create=True)
+    async with Client(server) as client:
+        first = await call_ok(client, "search_index", path=str(repo), name="adapter")
+        assert store.meta()["adapter"] == "code-v1"
+        with store.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = 'adapter'")  # as an index of the previous release
+        err = await call_err(client, "search_code", query="levenshtein distance", index="adapter")
+        assert "no code adapter" in err and "search_index" in err and "mode='lexical'" in err
+        lexical = await call_ok(client, "search_code", query="levenshtein", index="adapter", mode="lexical")
+        assert lexical["hits"]
+        dry = await call_ok(client, "search_index", path=str(repo), name="adapter", dry_run=True)
+        assert dry["dry_run"]["chunks_to_embed"] == first["chunks"]
+        res = await call_ok(client, "search_index", path=str(repo), name="adapter")
+        assert res["embedded_chunks"] == first["chunks"] and store.meta()["adapter"] == "code-v1"
+        hits = (await call_ok(client, "search_code", query="levenshtein distance", index="adapter"))["hits"]
+        assert hits[0]["symbol"] == "levenshtein"
+    state_of(server).close()
 
 
 async def test_an_index_embedded_reading_another_number_of_tokens_is_embedded_again(search_env: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from gpubox.bundled import minilm_dir
 from gpubox.errors import GpuboxError, MissingExtraError, NotFoundError
 from gpubox.extras import require
+from gpubox.tools.search import code_adapter
 
 log = logging.getLogger("gpubox.search")
 
@@ -123,9 +124,13 @@ class Embedder:
         dtype: Dtype = "auto",
         onnx_cache: Path | None = None,
         onnx_int8: bool = True,
+        adapter: bool = False,
     ) -> None:
         self.model_path = model_path
         self.backend: Backend = model_backend(model_path)
+        # code_adapter.NAME when gpubox's code-tuned adapter is merged into the (bundled MiniLM) model; indexes
+        # record it, and vectors made without it (or with another variant) are made again
+        self.adapter: str | None = code_adapter.NAME if adapter and self.backend == "sentence-transformers" else None
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self.dtype_setting: Dtype = dtype
@@ -170,6 +175,8 @@ class Embedder:
         # weights come from disk, never from a hub (and the process environment is left alone)
         model = SentenceTransformer(str(self.model_path), device=self.device, local_files_only=True)
         model.max_seq_length = self.max_seq_length
+        if self.adapter:
+            code_adapter.merge(model[0].auto_model)  # in fp32, before any cast below
         if self.device == "cuda" and self.dtype_setting == "auto":
             model = model.half()  # half precision on GPU: 2x throughput, recall unchanged for retrieval
             self.dtype = "float16"
@@ -183,8 +190,14 @@ class Embedder:
             from gpubox.tools.search import onnx_query
 
             if onnx_query.available():
+                variant = code_adapter.digest() if self.adapter else ""
                 self._onnx = onnx_query.load(
-                    model, self.model_path, self.onnx_cache, lambda t: self._mean_pooled(model, t), self.onnx_int8
+                    model,
+                    self.model_path,
+                    self.onnx_cache,
+                    lambda t: self._mean_pooled(model, t),
+                    self.onnx_int8,
+                    variant,
                 )
         return model
 

@@ -68,9 +68,11 @@ LEGACY_EMBED_TOKENS = 256
 
 
 def needs_new_vectors(meta: dict[str, Any], embedder: Embedder) -> bool:
-    """The index's vectors were made reading another number of tokens per chunk, or a run changing that number was
-    interrupted (`embed_tokens` None: some vectors read one number, some the other)."""
-    return meta.get("embed_tokens", LEGACY_EMBED_TOKENS) != embedder.max_seq_length
+    """The index's vectors were made reading another number of tokens per chunk or with another adapter merged into
+    the model (an index from before the code adapter records none), or a run changing either was interrupted
+    (`embed_tokens` None: some vectors were made one way, some the other)."""
+    tokens = meta.get("embed_tokens", LEGACY_EMBED_TOKENS) != embedder.max_seq_length
+    return tokens or meta.get("adapter") != embedder.adapter
 
 
 def sha(data: bytes) -> str:
@@ -366,6 +368,8 @@ class _Publisher:
                 # next run re-chunks again (the files it did not reach are still cut the old way)
                 chunker=CHUNKER_VERSION if last or not self.rechunk else self.meta.get("chunker"),
                 embed_tokens=self._embed_tokens(last),
+                # a re-embedding run's earlier commits say None in embed_tokens: an interrupted one is redone
+                adapter=self.embedder.adapter if last or not self.rechunk else self.meta.get("adapter"),
             ),
         )
 

@@ -52,12 +52,12 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
 
 
-def _cache_key(model_dir: Path) -> str:
-    """Same model files, torch and transformers -> same export; anything else exports afresh."""
+def _cache_key(model_dir: Path, variant: str = "") -> str:
+    """Same model files (and adapter), torch and transformers -> same export; anything else exports afresh."""
     import torch
     import transformers
 
-    h = hashlib.sha256(f"v1 torch={torch.__version__} transformers={transformers.__version__}".encode())
+    h = hashlib.sha256(f"v1 torch={torch.__version__} transformers={transformers.__version__} {variant}".encode())
     for f in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         st = f.stat()
         h.update(f"{f.relative_to(model_dir)} {st.st_size} {st.st_mtime_ns}".encode())
@@ -234,14 +234,17 @@ def _int8(path: Path, fp32: OnnxQueryEncoder) -> OnnxQueryEncoder | None:
         return None
 
 
-def load(st_model: Any, model_dir: Path, cache_dir: Path, reference: Any, int8: bool = True) -> OnnxQueryEncoder | None:
+def load(
+    st_model: Any, model_dir: Path, cache_dir: Path, reference: Any, int8: bool = True, variant: str = ""
+) -> OnnxQueryEncoder | None:
     """The ONNX query encoder for this sentence-transformers model (exported to `cache_dir` on first use), or None
     when the export or its check fails: then queries stay on PyTorch. `reference(text)` is PyTorch's mean-pooled
-    vector for the check. With `int8`, the 8-bit copy when it passes its own checks (see _int8)."""
+    vector for the check. With `int8`, the 8-bit copy when it passes its own checks (see _int8). `variant` names
+    weights merged into the model after loading (the code adapter's digest): part of the cache key."""
     import numpy as np
 
     transformer = st_model[0]
-    path = cache_dir / f"{model_dir.name}-{_cache_key(model_dir)}.onnx"
+    path = cache_dir / f"{model_dir.name}-{_cache_key(model_dir, variant)}.onnx"
     try:
         _materialise(path, lambda: _export(transformer.auto_model, st_model.tokenizer, path))
         encoder = OnnxQueryEncoder(_session(path), st_model.tokenizer, st_model.max_seq_length)

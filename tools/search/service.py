@@ -82,6 +82,16 @@ INDEXING_HOST_GB = 0.5
 INDEXING_GPU_GB = 0.6
 
 
+def _adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> str:
+    had = f"the code adapter {meta['adapter']}" if meta.get("adapter") else "no code adapter"
+    now = f"the code adapter {adapter}" if adapter else "none (search_code_adapter is off)"
+    return (
+        f"index '{name}' holds vectors made with {had}; the server's model now has {now}, and the two do not mix. "
+        f"Run search_index on it again (it embeds every chunk afresh), or search "
+        "with mode='lexical' meanwhile"
+    )
+
+
 class SearchService:
     def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
         self.settings = settings
@@ -95,6 +105,7 @@ class SearchService:
             dtype=settings.search_embed_dtype,
             onnx_cache=settings.state_dir / "onnx" if settings.search_onnx_queries else None,
             onnx_int8=settings.search_query_int8,
+            adapter=settings.search_code_adapter and settings.search_embedding_model is None,
         )
         self._stores: dict[str, IndexStore] = {}
         self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
@@ -356,6 +367,8 @@ class SearchService:
                 f"index '{name}' was built with {meta.get('model')} but the server uses {self.embedder.model_path}; "
                 "use mode='lexical', or search_drop and re-index"
             )
+        if meta.get("adapter") != self.embedder.adapter and mode != "lexical":
+            raise InvalidInputError(_adapter_changed(name, meta, self.embedder.adapter))
         index = self._faiss_index(name, store) if mode != "lexical" else None
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
