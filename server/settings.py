@@ -146,7 +146,8 @@ class Settings(BaseSettings):
         default=False,
         description="With the bundled all-MiniLM-L6-v2: merge gpubox's code-tuned adapter into it (trained on doc "
         "comments and the definitions they describe, in public code outside semble's benchmark): a better vector "
-        "mode, about the same hybrid ranking (bench/results/code_embedder.md). Other models are used as they are. "
+        "mode, but hybrid ranking no better and a lower recall@5 on a labelled set (bench/results/code_embedder.md). "
+        "Other models are used as they are. "
         "Changing it re-embeds each index on its next search_index run.",
     )
     search_max_file_bytes: int = Field(

@@ -90,6 +90,23 @@ def test_an_adapter_for_another_shape_is_refused(tmp_path: Path) -> None:
         code_adapter.merge(small)
 
 
-def test_only_the_bundled_sentence_transformers_model_takes_the_adapter() -> None:
+def test_only_the_bundled_model_takes_the_adapter(tmp_path: Path) -> None:
     assert Embedder(_model(), adapter=True).adapter == code_adapter.NAME
     assert Embedder(_model()).adapter is None
+    # another sentence-transformers folder of the same shape (a copy's config stands for it: nothing is loaded)
+    other = tmp_path / "other-minilm"
+    other.mkdir()
+    (other / "config.json").write_text((_model() / "config.json").read_text())
+    assert Embedder(other, adapter=True).adapter is None
+    static = tmp_path / "m2v"
+    static.mkdir()
+    (static / "config.json").write_text(json.dumps({"model_type": "model2vec"}))
+    assert Embedder(static, adapter=True).adapter is None
+
+
+@pytest.mark.gpu
+def test_the_merge_runs_on_the_gpu_where_the_model_lives() -> None:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(_model()), device="cuda", local_files_only=True)
+    assert code_adapter.merge(model[0].auto_model) == 36

@@ -192,3 +192,39 @@ def test_an_interrupted_re_embedding_is_redone_whatever_the_setting_is_after(tmp
         assert back.store("k").meta()["embed_tokens"] == 256
     finally:
         back.close()
+
+
+def test_an_interrupted_switch_of_the_code_adapter_refuses_vectors_whatever_the_setting_is_after(
+    tmp_path: Path,
+) -> None:
+    """Adapter turned on, the re-embedding killed after one commit: the index holds vectors of both variants, which
+    no query vector suits, so vector search is refused with the adapter on or off until a run completes."""
+    from gpubox.errors import InvalidInputError
+
+    repo = make_repo(tmp_path / "repo")
+    state = tmp_path / "state"
+    plain = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
+    try:
+        finished(plain.start_index(str(repo), "k", [], [], None)[2])
+        everything = plain._reports["k"].embedded_chunks
+    finally:
+        plain.close()
+    on = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path], search_code_adapter=True))
+    try:
+        _interrupted_after_first_commit(on, repo)
+        assert on.store("k").meta()["adapter"] == "mixed"
+        with pytest.raises(InvalidInputError, match="interrupted"):
+            on.search("levenshtein", "k", 1, 0, None, None, "hybrid", 400)
+    finally:
+        on.close()
+    off = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
+    try:
+        with pytest.raises(InvalidInputError, match="search_index"):
+            off.search("levenshtein", "k", 1, 0, None, None, "vector", 400)
+        assert off.search("levenshtein", "k", 1, 0, None, None, "lexical", 400).hits  # lexical still answers
+        finished(off.start_index(str(repo), "k", [], [], None)[2])
+        assert off._reports["k"].embedded_chunks == everything
+        assert off.store("k").meta()["adapter"] is None
+        assert off.search("levenshtein", "k", 1, 0, None, None, "hybrid", 400).hits[0].symbol == "levenshtein"
+    finally:
+        off.close()

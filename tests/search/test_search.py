@@ -326,6 +326,13 @@ async def test_an_index_embedded_without_the_code_adapter_is_refused_for_vectors
         Settings.load(state_dir=search_env[1].parent / "adapter-state", allowed_roots=[search_env[1]],
                       search_index_wait_seconds=120, search_code_adapter=True)
     )  # fmt: skip
+    try:
+        await _index_refuse_and_re_embed(server, repo)
+    finally:
+        state_of(server).close()
+
+
+async def _index_refuse_and_re_embed(server: Any, repo: Path) -> None:
     store = search_service(state_of(server)).store("adapter", create=True)
     async with Client(server) as client:
         first = await call_ok(client, "search_index", path=str(repo), name="adapter")
@@ -342,7 +349,6 @@ async def test_an_index_embedded_without_the_code_adapter_is_refused_for_vectors
         assert res["embedded_chunks"] == first["chunks"] and store.meta()["adapter"] == "code-v1"
         hits = (await call_ok(client, "search_code", query="levenshtein distance", index="adapter"))["hits"]
         assert hits[0]["symbol"] == "levenshtein"
-    state_of(server).close()
 
 
 async def test_an_index_embedded_reading_another_number_of_tokens_is_embedded_again(search_env: Any) -> None:

@@ -38,8 +38,8 @@ def merge(auto_model: Any) -> int:
                 linear = auto_model.get_submodule(name)
             except AttributeError as e:
                 raise ValueError(f"the code adapter's layer {name} is not in this model") from e
-            a, b = tensors[f"{name}.lora_a"].float(), tensors[f"{name}.lora_b"].float()
-            weight = linear.weight
+            weight = linear.weight  # on the model's device (cuda on a GPU box): the update is made there
+            a, b = (tensors[f"{name}.lora_{x}"].to(weight.device, torch.float32) for x in ("a", "b"))
             if tuple(weight.shape) != (b.shape[0], a.shape[1]):
                 shape = f"{b.shape[0]}x{a.shape[1]}"
                 raise ValueError(f"the code adapter's layer {name} is {shape}, not {tuple(weight.shape)}")

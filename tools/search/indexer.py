@@ -65,6 +65,7 @@ class IndexReport:
 
 # what an index that records no `embed_tokens` was embedded with (the embedder's cut before it became a setting)
 LEGACY_EMBED_TOKENS = 256
+MIXED = "mixed"  # meta['adapter'] of an index whose re-embedding run was interrupted
 
 
 def needs_new_vectors(meta: dict[str, Any], embedder: Embedder) -> bool:
@@ -330,6 +331,13 @@ class _Publisher:
             return self.embedder.max_seq_length
         return None if self.retokened else self.meta.get("embed_tokens", LEGACY_EMBED_TOKENS)
 
+    def _adapter(self, last: bool) -> str | None:
+        """What meta['adapter'] says after a commit: a re-embedding run's earlier commits hold vectors of both
+        variants, which no embedder's value matches, so search refuses vectors until a run completes."""
+        if last or not self.rechunk:
+            return self.embedder.adapter
+        return MIXED if self.retokened else self.meta.get("adapter")
+
     def commit(self, batch: _Group, chunks_embedded: int, last: bool) -> None:
         self.gen += 1
         run = self.run
@@ -368,8 +376,7 @@ class _Publisher:
                 # next run re-chunks again (the files it did not reach are still cut the old way)
                 chunker=CHUNKER_VERSION if last or not self.rechunk else self.meta.get("chunker"),
                 embed_tokens=self._embed_tokens(last),
-                # a re-embedding run's earlier commits say None in embed_tokens: an interrupted one is redone
-                adapter=self.embedder.adapter if last or not self.rechunk else self.meta.get("adapter"),
+                adapter=self._adapter(last),
             ),
         )
 

@@ -57,7 +57,8 @@ def _cache_key(model_dir: Path, variant: str = "") -> str:
     import torch
     import transformers
 
-    h = hashlib.sha256(f"v1 torch={torch.__version__} transformers={transformers.__version__} {variant}".encode())
+    key = f"v1 torch={torch.__version__} transformers={transformers.__version__}"
+    h = hashlib.sha256((key + (f" adapter={variant}" if variant else "")).encode())  # plain keys as before
     for f in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         st = f.stat()
         h.update(f"{f.relative_to(model_dir)} {st.st_size} {st.st_mtime_ns}".encode())

@@ -24,6 +24,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder, default_model_path
 from gpubox.tools.search.indexer import (
+    MIXED,
     Cancelled,
     IndexReport,
     Progress,
@@ -84,6 +85,8 @@ INDEXING_GPU_GB = 0.6
 
 def _adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> str:
     had = f"the code adapter {meta['adapter']}" if meta.get("adapter") else "no code adapter"
+    if meta.get("adapter") == MIXED:
+        had = "and without the code adapter (a re-embedding run was interrupted)"
     now = f"the code adapter {adapter}" if adapter else "none (search_code_adapter is off)"
     return (
         f"index '{name}' holds vectors made with {had}; the server's model now has {now}, and the two do not mix. "
