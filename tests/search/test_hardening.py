@@ -184,7 +184,7 @@ async def test_bad_paths_get_clean_errors_that_reveal_nothing_outside_the_roots(
 
 
 def test_a_dry_runs_default_rate_follows_the_precision_the_model_will_run_in(tmp_path: Path) -> None:
-    from gpubox.tools.search import service as search_service
+    from gpubox.tools.search import preview
 
     (tmp_path / "root").mkdir()
     repo = make_repo(tmp_path / "root" / "repo")
@@ -202,7 +202,7 @@ def test_a_dry_runs_default_rate_follows_the_precision_the_model_will_run_in(tmp
         assert res.dry_run is not None
         rates[dtype] = (res.dry_run.rate_source, res.dry_run.estimated_seconds)
     assert rates["float32"][0].startswith("default for cpu ") and "cpu-bf16" in rates["bfloat16"][0], rates
-    ratio = search_service.DEFAULT_RATE["cpu-bf16"] / search_service.DEFAULT_RATE["cpu"]
+    ratio = preview.DEFAULT_RATE["cpu-bf16"] / preview.DEFAULT_RATE["cpu"]
     assert rates["float32"][1] == pytest.approx(rates["bfloat16"][1] * ratio, rel=0.05), rates
 
 

@@ -341,6 +341,8 @@ async def _index_refuse_and_re_embed(server: Any, repo: Path) -> None:
             db.execute("DELETE FROM meta WHERE key = 'adapter'")  # as an index of the previous release
         err = await call_err(client, "search_code", query="levenshtein distance", index="adapter")
         assert "no code adapter" in err and "search_index" in err and "mode='lexical'" in err
+        listed = {i["name"]: i for i in (await call_ok(client, "search_list"))["indexes"]}
+        assert "no code adapter" in listed["adapter"]["error"]  # the listing says why vectors are refused
         lexical = await call_ok(client, "search_code", query="levenshtein", index="adapter", mode="lexical")
         assert lexical["hits"]
         dry = await call_ok(client, "search_index", path=str(repo), name="adapter", dry_run=True)
@@ -349,6 +351,8 @@ async def _index_refuse_and_re_embed(server: Any, repo: Path) -> None:
         assert res["embedded_chunks"] == first["chunks"] and store.meta()["adapter"] == "code-v1"
         hits = (await call_ok(client, "search_code", query="levenshtein distance", index="adapter"))["hits"]
         assert hits[0]["symbol"] == "levenshtein"
+        listed = {i["name"]: i for i in (await call_ok(client, "search_list"))["indexes"]}
+        assert listed["adapter"]["error"] is None
 
 
 async def test_an_index_embedded_reading_another_number_of_tokens_is_embedded_again(search_env: Any) -> None:

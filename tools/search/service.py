@@ -7,38 +7,31 @@ import re
 import shutil
 import threading
 import time
-from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
-from gpubox.paths import read_inside
 from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
 from gpubox.tools.box.capacity import own_usage
 from gpubox.tools.box.footprints import Growth
 from gpubox.tools.box.ledger import Ledger
-from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search import vectors
-from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder, default_model_path
 from gpubox.tools.search.indexer import (
     MIXED,
     Cancelled,
     IndexReport,
     Progress,
-    embed_text,
     ensure_not_running,
-    needs_new_vectors,
     run_index,
-    sha,
 )
+from gpubox.tools.search.preview import preview
 from gpubox.tools.search.query import hybrid, snippet
 from gpubox.tools.search.runstate import unfinished_run
 from gpubox.tools.search.schemas import (
     DropResult,
-    DryRun,
     IndexInfo,
     IndexList,
     IndexProgress,
@@ -48,22 +41,10 @@ from gpubox.tools.search.schemas import (
     SearchResults,
 )
 from gpubox.tools.search.store import IndexStore
-from gpubox.tools.search.walker import WalkOptions, refine_language, walk
+from gpubox.tools.search.walker import WalkOptions, walk
 
 log = logging.getLogger("gpubox.search")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# chunks/s before an index has measured its own: MiniLM on 2 CPU cores in fp32 and in bf16 (AMX / AVX512-BF16 CPUs;
-# bench/results/search.md: 41-45 chunks/s on a busy hour), fp16 on a GPU
-DEFAULT_RATE = {"cpu": 25.0, "cpu-bf16": 40.0, "cuda": 1500.0}
-
-
-def _cpuinfo_bf16() -> bool:
-    """cpu_has_bf16 without importing torch (a dry run loads no model): the kernel's CPU flags, Linux only."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def progress_model(p: Progress) -> IndexProgress:
@@ -264,64 +245,8 @@ class SearchService:
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
         name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
-        res = walk(root, WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes))
-        known: set[str] = set()
-        meta: dict[str, Any] = {}
-        if name in self.names():
-            st = self.store(name)
-            meta = st.meta()
-            if not needs_new_vectors(meta, self.embedder):  # else every chunk is embedded again (run_index)
-                known = {h for (h,) in st.connect().execute("SELECT text_hash FROM chunks")}
-        files_by, chunks_by = Counter[str](), Counter[str]()
-        todo = text_bytes = 0
-        for rel, lang in res.files:
-            data = read_inside(root, rel)
-            if data is None:
-                continue
-            text = data.decode("utf-8", errors="replace")
-            lang = refine_language(rel, lang, text)  # as run_index chunks it: a .h holding C++ is C++
-            files_by[lang] += 1
-            for c in chunk_text(text, lang):
-                chunks_by[lang] += 1
-                text_bytes += len(c.text)
-                if sha(embed_text(rel, c).encode()) not in known:
-                    todo += 1
-        # the device decides the rate; NVML answers without importing torch (a dry run embeds nothing)
-        device = "cuda" if gpu_status().available else "cpu"
-        if device == "cpu":
-            emb = self.embedder
-            loaded = emb.dtype if emb.loaded else None
-            bf16 = (loaded or emb.dtype_setting) == "bfloat16" or (
-                loaded is None and emb.dtype_setting == "auto" and _cpuinfo_bf16()
-            )
-            device_kind = "cpu-bf16" if bf16 else "cpu"
-        else:
-            device_kind = device
-        rate, src = DEFAULT_RATE[device_kind], f"default for {device_kind} (all-MiniLM-L6-v2)"
-        if meta.get("embed_chunks_per_s") and meta.get("device") == device:
-            rate, src = float(meta["embed_chunks_per_s"]), "measured on this machine by the last indexing run"
-        n = sum(chunks_by.values())
-        dim = int(meta.get("dim") or 384)
-        return IndexResult(
-            name=name,
-            root=str(root),
-            state="dry_run",
-            files=len(res.files),
-            chunks=n,
-            excluded=dict(res.excluded),
-            languages=dict(files_by),
-            message=f"would index {len(res.files)} files into {n} chunks, embedding {todo}",
-            dry_run=DryRun(
-                files_by_language=dict(files_by),
-                chunks_by_language=dict(chunks_by),
-                chunks_to_embed=todo,
-                estimated_seconds=round(todo / rate + len(res.files) * 0.002, 1),
-                # vector blob + FAISS copy (4 B x dim each), text in the table and in FTS5 (~2x), row overhead
-                estimated_disk_bytes=int(n * (8 * dim + 200) + 2.2 * text_bytes),
-                embed_rate_chunks_per_s=round(rate, 1),
-                rate_source=src,
-            ),
-        )
+        walked = walk(root, WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes))
+        return preview(root, name, walked, self.store(name) if name in self.names() else None, self.embedder)
 
     # --- querying -------------------------------------------------------------------------------
     def _faiss_index(self, name: str, store: IndexStore) -> Any:
@@ -441,6 +366,8 @@ class SearchService:
         unfinished = unfinished_run(meta) if job is None else None
         if unfinished is not None:
             state, progress, error = unfinished
+        if state == "ready" and error is None and meta.get("adapter") != self.embedder.adapter:
+            error = _adapter_changed(name, meta, self.embedder.adapter)  # lexical answers, vectors are refused
         updated = meta.get("updated")
         return IndexInfo(
             name=name,
