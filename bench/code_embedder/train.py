@@ -93,7 +93,8 @@ def main() -> None:
         setattr(parent, leaf, LoRA(getattr(parent, leaf), args.rank, args.alpha))
     params = [p for p in bert.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    steps = len(_batches(rows, args.batch, not args.by_source))
+    batches = _batches(rows, args.batch, not args.by_source)
+    steps = len(batches)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.0, (steps - s) / steps)
     )
@@ -112,12 +113,9 @@ def main() -> None:
 
     print(f"{len(names)} LoRA layers, {sum(p.numel() for p in params)} parameters, {steps} steps", flush=True)
     print(f"held-out MRR before: {heldout_mrr():.4f}", flush=True)
-    batches = _batches(rows, args.batch, not args.by_source)
-    steps = len(batches)
     model.train()
     t0 = time.time()
-    for step in range(steps):
-        batch = batches[step]
+    for step, batch in enumerate(batches):
         q, c = embed([r["query"] for r in batch]), embed([r["code"] for r in batch])
         scores = q @ c.T * 20.0
         labels = torch.arange(len(batch))

@@ -168,17 +168,22 @@ def test_an_interrupted_rechunk_of_an_index_from_before_embed_tokens_keeps_its_v
         svc.close()
 
 
+def _indexed_with_defaults(tmp_path: Path) -> tuple[Path, Path, int]:
+    """A repository indexed as 'k' with default settings: (repo, state dir, chunks embedded)."""
+    repo = make_repo(tmp_path / "repo")
+    state = tmp_path / "state"
+    svc = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
+    try:
+        finished(svc.start_index(str(repo), "k", [], [], None)[2])
+        return repo, state, svc._reports["k"].embedded_chunks
+    finally:
+        svc.close()
+
+
 def test_an_interrupted_re_embedding_is_redone_whatever_the_setting_is_after(tmp_path: Path) -> None:
     """Cut from 256 to 128 tokens, killed after one commit, set back to 256: the files the killed run committed
     hold 128-token vectors, so the next run must embed everything again rather than trust their hashes."""
-    repo = make_repo(tmp_path / "repo")
-    state = tmp_path / "state"
-    first = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
-    try:
-        finished(first.start_index(str(repo), "k", [], [], None)[2])
-        everything = first._reports["k"].embedded_chunks
-    finally:
-        first.close()
+    repo, state, everything = _indexed_with_defaults(tmp_path)
     short = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path], search_embed_max_tokens=128))
     try:
         _interrupted_after_first_commit(short, repo)
@@ -201,14 +206,7 @@ def test_an_interrupted_switch_of_the_code_adapter_refuses_vectors_whatever_the_
     no query vector suits, so vector search is refused with the adapter on or off until a run completes."""
     from gpubox.errors import InvalidInputError
 
-    repo = make_repo(tmp_path / "repo")
-    state = tmp_path / "state"
-    plain = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path]))
-    try:
-        finished(plain.start_index(str(repo), "k", [], [], None)[2])
-        everything = plain._reports["k"].embedded_chunks
-    finally:
-        plain.close()
+    repo, state, everything = _indexed_with_defaults(tmp_path)
     on = SearchService(Settings.load(state_dir=state, allowed_roots=[tmp_path], search_code_adapter=True))
     try:
         _interrupted_after_first_commit(on, repo)

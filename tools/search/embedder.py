@@ -130,9 +130,9 @@ class Embedder:
         self.backend: Backend = model_backend(model_path)
         # code_adapter.NAME when gpubox's code-tuned adapter is merged into the (bundled MiniLM) model; indexes
         # record it, and vectors made without it (or with another variant) are made again
-        bundled = minilm_dir()
-        takes = adapter and bundled is not None and model_path.resolve() == bundled.resolve()
-        self.adapter: str | None = code_adapter.NAME if takes else None  # made for the bundled MiniLM only
+        bundled = minilm_dir() if adapter else None  # the adapter was made for the bundled MiniLM only
+        takes = bundled is not None and model_path.resolve() == bundled.resolve()
+        self.adapter: str | None = code_adapter.NAME if takes else None
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self.dtype_setting: Dtype = dtype

@@ -65,8 +65,9 @@ INDEXING_GPU_GB = 0.6
 
 
 def _adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> str:
-    had = f"the code adapter {meta['adapter']}" if meta.get("adapter") else "no code adapter"
-    if meta.get("adapter") == MIXED:
+    was = meta.get("adapter")
+    had = f"the code adapter {was}" if was and was != MIXED else "no code adapter"
+    if was == MIXED:
         had = "and without the code adapter (a re-embedding run was interrupted)"
     now = f"the code adapter {adapter}" if adapter else "none (search_code_adapter is off)"
     return (
