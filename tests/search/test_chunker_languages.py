@@ -785,6 +785,21 @@ def test_cpp_forward_declarations_are_no_symbols_and_out_of_line_methods_know_th
     assert get.text.startswith("template <typename T>")  # the template line belongs to what it templates
 
 
+def test_a_short_cpp_namespace_is_split_into_what_it_defines() -> None:
+    """A header's `namespace absl { class Cord {...} }` is class Cord (and its free functions), whatever its length:
+    as one `namespace absl` chunk the class had no name a query could match."""
+    chunks = chunk_text(CPP_DECLS, "cpp")
+    found = [(c.kind, c.symbol, c.parent) for c in chunks]
+    assert ("class", "Cord", "absl") in found and ("method", "Append", "Cord") in found
+    assert ("method", "get", "Box") in found
+    assert not any(c.kind == "namespace" and "class Cord {" in c.text for c in chunks)
+
+
+def test_a_typedef_names_the_anonymous_c_struct_it_defines() -> None:
+    src = "typedef struct {\n  int head;\n} ring_t;\n\ntypedef enum {\n  RED,\n  GREEN\n} *color_ref;\n"
+    assert [(c.kind, c.symbol) for c in chunk_text(src, "c")] == [("struct", "ring_t"), ("enum", "color_ref")]
+
+
 def test_c_struct_mentions_are_no_symbols() -> None:
     src = "struct foo;\nstruct foo *global;\nstruct foo { int a; };\nint f(struct foo *p) { return p->a; }\n"
     assert [(c.kind, c.symbol, c.start_line) for c in chunk_text(src, "c")] == [

@@ -310,6 +310,8 @@ def test_a_capitalised_name_prefers_the_case_exact_primary_definition() -> None:
     assert definition_strength(method, classify("timeout").identifiers) == 1.0  # a lower-case query takes any case
     assert definition_strength(ext, classify("Request").identifiers) == 0.5  # an extension, not the type
     assert definition_strength(mod, classify("Query").identifiers) == 1.0  # a qualified name by its last part
+    ctor = ChunkRow(5, "db/memtable.cc", 21, 30, "MemTable", "method", "cpp", "MemTable::MemTable(const C& c) {}")
+    assert definition_strength(ctor, classify("MemTable").identifiers) == 0.5  # a C++ constructor, not the class
     ranked = rerank([Scored(2, 0.030, ["symbol"]), Scored(1, 0.028, ["symbol"])], {1: cls, 2: method}, profile)
     assert ranked[0].id == 1
     assert named_file("Sources/Vapor/Request/Request.swift", ("Request",))

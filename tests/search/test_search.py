@@ -295,8 +295,14 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
     (repo / "widget.h").write_text(
         "#pragma once\n#include <string>\n\nnamespace ui {\n\n// A titled box on the screen.\n"
         "class Widget {\n public:\n"
-        "  explicit Widget(std::string title) : title_(title) {}\n  int Area() const { return w_ * h_; }\n\n"
+        "  explicit Widget(std::string title);\n  int Area() const { return w_ * h_; }\n\n"
         " private:\n  std::string title_;\n  int w_ = 0, h_ = 0;\n};\n\n}  // namespace ui\n"
+    )
+    # the class's members defined out of line: the Widget constructor is a member, the class is in the header
+    (repo / "widget.cc").write_text(
+        '#include "widget.h"\n\nnamespace ui {\n\nWidget::Widget(std::string title) : title_(title) {\n'
+        "  if (title_.empty()) title_ = \"Widget\";\n}\n\n"
+        "Widget Widget::Copy() const {\n  Widget widget(title_);\n  return widget;\n}\n\n}  // namespace ui\n"
     )
     (repo / "ring.h").write_text(
         '#ifndef RING_H\n#define RING_H\n#ifdef __cplusplus\nextern "C" {\n#endif\n\n'
@@ -308,10 +314,10 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
         hits = (await call_ok(client, "search_code", query="Widget", index="headers", k=10))["hits"]
         ring = (await call_ok(client, "search_code", query="ring", index="headers", k=10))["hits"]
         dry = (await call_ok(client, "search_index", path=str(repo), name="headers", dry_run=True))["dry_run"]
-    assert dry["files_by_language"] == {"cpp": 1, "c": 1} and dry["chunks_to_embed"] == 0  # as the run chunked them
-    widget = [h for h in hits if h["path"] == "widget.h"]
-    assert widget and widget[0]["language"] == "cpp"
-    assert (widget[0]["symbol"], widget[0]["kind"]) == ("ui", "namespace")  # the C grammar sees no namespace
+    assert dry["files_by_language"] == {"cpp": 2, "c": 1} and dry["chunks_to_embed"] == 0  # as the run chunked them
+    assert hits[0]["path"] == "widget.h" and hits[0]["language"] == "cpp"  # the class, not its constructor in .cc
+    # the C grammar sees no namespace; a namespace is no definition: the class inside it is
+    assert (hits[0]["symbol"], hits[0]["kind"]) == ("Widget", "class")
     assert {h["language"] for h in ring if h["path"] == "ring.h"} == {"c"}
 
 

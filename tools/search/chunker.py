@@ -27,7 +27,8 @@ log = logging.getLogger("gpubox.search")
 # 3: a `.h` file holding C++ is chunked by the C++ grammar (walker.refine_language).
 # 4: C/C++ forward declarations are no symbols; `Cord::Append` is method Append of Cord; `template <...>` included.
 # 5: C/C++ parsed with the macros that break definitions blanked (without_macros).
-CHUNKER_VERSION = 5
+# 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
+CHUNKER_VERSION = 6
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
@@ -198,7 +199,9 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         while s > 0 and not covered[s - 1] and lines[s - 1].lstrip().startswith(LEADING):
             s -= 1
         inner = _symbol_children(sym.node) if kind in containers else []
-        wrapper = kind == SPLIT_WRAPPERS.get(language) and any(c.kind in containers for c in inner)
+        wrapper = kind == SPLIT_WRAPPERS.get(language) and (
+            (kind == "namespace" and bool(inner)) or any(c.kind in containers for c in inner)
+        )
         if (e - s + 1 <= MAX_LINES and not wrapper) or (not inner and kind not in ("function", "method")):
             if e - s + 1 <= MAX_LINES:
                 out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind, parent))

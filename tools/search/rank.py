@@ -206,12 +206,21 @@ def definition_strength(row: ChunkRow, identifiers: tuple[str, ...]) -> float:
         last = re.split(r"\.|::|->", ident)[-1]
         if sym and (sym.lower() == ident.lower() or sym_last.lower() == last.lower()):
             exact = sym == ident or sym_last == last or last.islower()
-            best = max(best, 1.0 if exact else 0.5)
+            best = max(best, 0.5 if not exact or _constructor(row, last) else 1.0)
             continue
         pattern = rf"\b{_DEF_KEYWORDS}\s+(?:\([^)]*\)\s*)?{re.escape(last)}\b|\b{re.escape(last)}\s*[:=]\s*function\b"
         if len(last) > 2 and re.search(pattern, row.text):
             best = max(best, 1.0)
     return best * (0.5 if row.kind == "impl" else 1.0)
+
+
+def _constructor(row: ChunkRow, name: str) -> bool:
+    """C++'s out-of-line `MemTable::MemTable(...)` (or `Foo<T>::Foo`): a member of the class the name asks for, found
+    in the .cc file while the class itself is in the header (ctags-labelled C++ names: bench/symbol_eval)."""
+    return (
+        row.kind == "method"
+        and re.search(rf"\b{re.escape(name)}\s*(?:<[^>]*>)?\s*::\s*{re.escape(name)}\s*\(", row.text) is not None
+    )
 
 
 def named_file(path: str, identifiers: tuple[str, ...]) -> bool:

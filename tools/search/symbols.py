@@ -126,8 +126,9 @@ MEMBER_CONTAINERS = {
     "zig": {"struct", "enum"},
 }
 METHOD_PARENTS = {"class", "impl", "interface", "trait", "struct", "enum"}  # a function inside is a method
-# a module wrapping classes is a namespace: split it into its members whatever its length
-SPLIT_WRAPPERS = {"ruby": "module", "elixir": "module"}
+# a module wrapping classes is a namespace: split it into its members whatever its length; a C++ namespace is split
+# whatever it holds (a header's `namespace leveldb { class MemTable {...} }` is class MemTable, not namespace leveldb)
+SPLIT_WRAPPERS = {"ruby": "module", "elixir": "module", "cpp": "namespace"}
 MERGE_CLAUSES = {"haskell", "elixir"}  # one function written as several equations / clauses is one symbol
 FUNCTION_VALUES = {"arrow_function", "function_expression", "function"}
 
@@ -349,6 +350,13 @@ def _c_family(node: Any, kind: str) -> tuple[str, str | None, str | None] | None
     file that mentions a class would offer it as a definition. `void Cord::Append(...) {` is method Append of Cord."""
     if node.type.endswith("_specifier") and node.child_by_field_name("body") is None:
         return None
+    if node.type.endswith("_specifier") and node.child_by_field_name("name") is None:
+        typedef = node.parent  # `typedef struct {...} Curl_easy;`: the type's only name is the typedef's
+        declarator = typedef.child_by_field_name("declarator") if typedef is not None else None
+        if typedef is not None and typedef.type == "type_definition" and declarator is not None:
+            while declarator.type != "type_identifier" and declarator.named_children:  # *PFOO -> PFOO
+                declarator = declarator.child_by_field_name("declarator") or declarator.named_children[0]
+            return kind, _text(declarator), None
     if node.type == "function_definition":
         qualified = _out_of_line(node)
         if qualified is not None:

@@ -1,0 +1,80 @@
+"""Symbol-lookup queries for C and C++ code outside semble's benchmark, with universal-ctags as the ground truth.
+
+    .venv/bin/python bench/symbol_eval/build_queries.py [--corpora /tmp/cppcorp]
+
+semble's symbol queries are a bare name ("JsonParser", "basic_json") whose target is the file that defines it.
+gpubox's C++ symbol figures trail semble's on its report half (bench/results/search_semble_report.md), and the tune
+half holds one header-only C++ repository, so there was nothing to tune C++ name lookup on. This builds such
+queries from repositories semble does not use (sources.json pins them), with a definition finder gpubox does not
+contain: universal-ctags (`apt-get install universal-ctags`; tags classes, structs, enums and function definitions,
+not forward declarations or prototypes). A name qualifies when ctags finds exactly one definition of it of that kind
+in the repository, at namespace scope, outside tests, examples, benchmarks and bundled third-party code. Up to
+QUERIES_PER_REPO names per repository, two thirds types and one third functions, drawn with a fixed seed, are
+written to annotations/<repo>.json in semble's annotation format (query, relevant, category "symbol").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+QUERIES_PER_REPO = 24
+SKIP = re.compile(
+    r"(?:^|/)(?:tests?|testing|examples?|benchmarks?|bench|third_party|third-party|bundled|fuzzing|docs?|tools)/"
+    r"|_(?:unit)?test\.(?:cc|cpp|h)$|_bench(?:mark)?\.cc$|(?:^|/)test_[^/]*$"
+)
+TYPE_KINDS = {"class", "struct", "enum"}
+
+
+def definitions(root: Path) -> list[dict[str, object]]:
+    out = subprocess.run(
+        ["ctags", "-R", "--languages=C,C++", "--langmap=C++:+.h", "--kinds-C++=csfg", "--kinds-C=sfg",
+         "--fields=+neK", "--output-format=json", "-f", "-", "."],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def queries(root: Path, seed: str) -> list[dict[str, object]]:
+    tags = definitions(root)
+    where: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+    for t in tags:
+        group = "type" if t["kind"] in TYPE_KINDS else "function"
+        where[(group, str(t["name"]))].add(str(t["path"]).removeprefix("./"))
+    picked: dict[str, list[tuple[str, str]]] = {"type": [], "function": []}
+    for t in tags:
+        group = "type" if t["kind"] in TYPE_KINDS else "function"
+        name, path = str(t["name"]), str(t["path"]).removeprefix("./")
+        if t.get("scopeKind") not in (None, "namespace") or len(name) < 4 or name.startswith("_") or name == "main":
+            continue
+        if "__anon" in str(t.get("scope", "")) or SKIP.search(path) or len(where[(group, name)]) != 1:
+            continue
+        if (name, path) not in picked[group]:
+            picked[group].append((name, path))
+    rng = random.Random(f"gpubox-symbol-eval-v1/{seed}")
+    n_types = min(len(picked["type"]), QUERIES_PER_REPO * 2 // 3)
+    chosen = rng.sample(sorted(picked["type"]), n_types)
+    chosen += rng.sample(sorted(picked["function"]), min(len(picked["function"]), QUERIES_PER_REPO - n_types))
+    return [{"query": n, "relevant": [p], "secondary": [], "category": "symbol"} for n, p in chosen]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
+    args = ap.parse_args()
+    sources = json.loads((HERE / "sources.json").read_text())
+    (HERE / "annotations").mkdir(exist_ok=True)
+    for repo in sources["repos"]:
+        items = queries(args.corpora / repo["name"], repo["name"])
+        (HERE / "annotations" / f"{repo['name']}.json").write_text(json.dumps(items, indent=1) + "\n")
+        print(f"{repo['name']}: {len(items)} queries")
+
+
+if __name__ == "__main__":
+    main()
