@@ -1,14 +1,15 @@
-"""Symbol-lookup queries for C and C++ code outside semble's benchmark, with universal-ctags as the ground truth.
+"""Symbol-lookup queries for code outside semble's benchmark, with universal-ctags as the ground truth.
 
     .venv/bin/python bench/symbol_eval/build_queries.py [--corpora /tmp/cppcorp]
 
 semble's symbol queries are a bare name ("JsonParser", "basic_json") whose target is the file that defines it.
 gpubox's C++ symbol figures trail semble's on its report half (bench/results/search_semble_report.md), and the tune
 half holds one header-only C++ repository, so there was nothing to tune C++ name lookup on. This builds such
-queries from repositories semble does not use (sources.json pins them), with a definition finder gpubox does not
-contain: universal-ctags (`apt-get install universal-ctags`; tags classes, structs, enums and function definitions,
-not forward declarations or prototypes). A name qualifies when ctags finds exactly one definition of it of that kind
-in the repository, at namespace scope, outside tests, examples, benchmarks and bundled third-party code. Up to
+queries from repositories semble does not use (sources.json pins them, with the ctags languages of each), with a
+definition finder gpubox does not contain: universal-ctags (`apt-get install universal-ctags`; it tags classes,
+structs, enums, interfaces, types and function definitions, not C++ forward declarations or prototypes). A name
+qualifies when ctags finds exactly one definition of it of that group (type or function) in the repository, at top,
+namespace, package or module scope, outside tests, examples, benchmarks and bundled third-party code. Up to
 QUERIES_PER_REPO names per repository, two thirds types and one third functions, drawn with a fixed seed, are
 written to annotations/<repo>.json in semble's annotation format (query, relevant, category "symbol").
 """
@@ -27,22 +28,47 @@ HERE = Path(__file__).resolve().parent
 QUERIES_PER_REPO = 24
 SKIP = re.compile(
     r"(?:^|/)(?:tests?|testing|examples?|benchmarks?|bench|third_party|third-party|bundled|fuzzing|docs?|tools)/"
-    r"|_(?:unit)?test\.(?:cc|cpp|h)$|_bench(?:mark)?\.cc$|(?:^|/)test_[^/]*$"
+    r"|(?:^|/)\w*(?:Tests?|_tests?)\w*/|Tests?\.\w+$|_(?:unit)?test\.\w+$|_spec\.\w+$|_bench(?:mark)?\.cc$"
+    r"|(?:^|/)test_[^/]*$"
 )
-TYPE_KINDS = {"class", "struct", "enum"}
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{3,}")  # an identifier (ctags' Lua `M.before_each`, `t[5]` are not)
+# ctags' long kind names, over its parsers: which are types, which functions (anything else is not asked for)
+TYPE_KINDS = {
+    "class",
+    "struct",
+    "enum",
+    "interface",
+    "trait",
+    "type",
+    "typedef",
+    "record",
+    "object",
+    "data",
+    "newtype",
+    "module",
+    "protocol",
+    "union",
+}
+FUNCTION_KINDS = {"function", "func", "method", "singletonMethod", "macro"}
+OUTER_SCOPES = (None, "namespace", "package", "module")
+C_FAMILY = ["--langmap=C++:+.h", "--kinds-C++=csfg", "--kinds-C=sfg"]  # a .h read as C++; no prototypes
 
 
-def definitions(root: Path) -> list[dict[str, object]]:
+def definitions(root: Path, languages: str) -> list[dict[str, object]]:
+    extra = C_FAMILY if "C" in languages.split(",") or "C++" in languages.split(",") else []
     out = subprocess.run(
-        ["ctags", "-R", "--languages=C,C++", "--langmap=C++:+.h", "--kinds-C++=csfg", "--kinds-C=sfg",
-         "--fields=+neK", "--output-format=json", "-f", "-", "."],
-        cwd=root, capture_output=True, text=True, check=True,
+        ["ctags", "-R", f"--languages={languages}", *extra, "--fields=+neK", "--output-format=json", "-f", "-", "."],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    tags = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [t for t in tags if t.get("kind") in TYPE_KINDS | FUNCTION_KINDS]
 
 
-def queries(root: Path, seed: str) -> list[dict[str, object]]:
-    tags = definitions(root)
+def queries(root: Path, seed: str, languages: str = "C,C++") -> list[dict[str, object]]:
+    tags = definitions(root, languages)
     where: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
     for t in tags:
         group = "type" if t["kind"] in TYPE_KINDS else "function"
@@ -51,7 +77,7 @@ def queries(root: Path, seed: str) -> list[dict[str, object]]:
     for t in tags:
         group = "type" if t["kind"] in TYPE_KINDS else "function"
         name, path = str(t["name"]), str(t["path"]).removeprefix("./")
-        if t.get("scopeKind") not in (None, "namespace") or len(name) < 4 or name.startswith("_") or name == "main":
+        if t.get("scopeKind") not in OUTER_SCOPES or not NAME.fullmatch(name) or name == "main":
             continue
         if "__anon" in str(t.get("scope", "")) or SKIP.search(path) or len(where[(group, name)]) != 1:
             continue
@@ -71,7 +97,7 @@ def main() -> None:
     sources = json.loads((HERE / "sources.json").read_text())
     (HERE / "annotations").mkdir(exist_ok=True)
     for repo in sources["repos"]:
-        items = queries(args.corpora / repo["name"], repo["name"])
+        items = queries(args.corpora / repo["name"], repo["name"], repo.get("languages", "C,C++"))
         (HERE / "annotations" / f"{repo['name']}.json").write_text(json.dumps(items, indent=1) + "\n")
         print(f"{repo['name']}: {len(items)} queries")
 
