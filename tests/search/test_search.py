@@ -301,7 +301,7 @@ async def test_a_header_holding_cpp_is_indexed_as_cpp_and_a_c_header_as_c(search
     # the class's members defined out of line: the Widget constructor is a member, the class is in the header
     (repo / "widget.cc").write_text(
         '#include "widget.h"\n\nnamespace ui {\n\nWidget::Widget(std::string title) : title_(title) {\n'
-        "  if (title_.empty()) title_ = \"Widget\";\n}\n\n"
+        '  if (title_.empty()) title_ = "Widget";\n}\n\n'
         "Widget Widget::Copy() const {\n  Widget widget(title_);\n  return widget;\n}\n\n}  // namespace ui\n"
     )
     (repo / "ring.h").write_text(
