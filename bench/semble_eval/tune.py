@@ -78,6 +78,13 @@ def configs() -> dict[str, RankConfig]:
     out["saturation x0.7 after 2"] = replace(d, saturation=0.7, saturation_after=2)
     out["saturation x0.7 after 2, rrf k=10"] = replace(d, saturation=0.7, saturation_after=2, rrf_k=10)
     out["- file saturation, rrf k=10"] = replace(d, saturation=1, rrf_k=10)
+    # types named by adjacent words ('JSON element' -> JsonElement): their leg's weight, and a bonus on them
+    out["- compound leg"] = reweighted(d, nl={"compound": 0.0}, mixed={"compound": 0.0})
+    for w in (0.5, 2.0):
+        out[f"compound leg {w}"] = reweighted(d, nl={"compound": w}, mixed={"compound": w})
+    out["compound leg, nl queries only"] = reweighted(d, mixed={"compound": 0.0})
+    for b in (0.3, 1.0):
+        out[f"+ compound bonus {b}"] = replace(d, compound=b)
     return out
 
 

@@ -133,6 +133,36 @@ def test_symbol_leg_matches_any_case_for_code_tokens(store: IndexStore, rows: di
     assert symbols(store, ("lruCache",), None) == [_by_symbol(rows, "LRUCache").id]
 
 
+def test_words_that_spell_a_type_name_find_the_type(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
+    from gpubox.tools.search.query import compounds
+
+    profile = classify("which config errors can loading raise")
+    assert profile.kind == "nl" and "configerror" in profile.compounds  # 'errors' read as 'error' too
+    assert compounds(store, profile.compounds, 10, None) == [_by_symbol(rows, "ConfigError").id]
+    assert compounds(store, classify("token bucket rate limiters").compounds, 10, None) == [
+        _by_symbol(rows, "RateLimiter").id
+    ]
+    # a function is no type: 'load config' spells load_config, which this leg leaves to the others
+    assert compounds(store, classify("load config from a file").compounds, 10, None) == []
+    ranked = hybrid(store, None, None, "which config errors can loading raise", "hybrid", 20, None, None)
+    assert ranked[0].id == _by_symbol(rows, "ConfigError").id and "compound" in ranked[0].sources
+
+
+def test_compound_names_stay_inside_a_phrase_and_leave_written_names_alone() -> None:
+    from gpubox.tools.search.rank import compound_names
+
+    names = compound_names("handler for log rotation", "nl", ())
+    assert "logrotation" in names and "log_rotation" in names and "handlerlog" not in names  # not across 'for'
+    assert compound_names("type adapter factories", "nl", ())[:4] == (
+        "typeadapterfactories",
+        "type_adapter_factories",
+        "typeadapterfactory",  # three words first, the singular too
+        "type_adapter_factory",
+    )
+    assert "parseargs" not in compound_names("where is parse args called", "mixed", ("parseArgs",))
+    assert compound_names("JsonElement", "symbol", ("JsonElement",)) == ()
+
+
 def test_phrase_leg_finds_a_quoted_message(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
     target = next(r for r in rows.values() if "quantity must not be negative" in r.text)
     hits = phrase(store, "quantity must not be negative", 10, None)

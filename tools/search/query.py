@@ -11,10 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.tools.search import vectors
-from gpubox.tools.search.rank import DEFAULT, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
+from gpubox.tools.search.rank import (
+    DEFAULT,
+    STOPWORDS,
+    QueryProfile,
+    RankConfig,
+    classify,
+    fuse,
+    rerank,
+)
 from gpubox.tools.search.store import IndexStore, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
+COMPOUND_KINDS = ("class", "struct", "interface", "type", "enum", "trait", "module", "impl")
 
 
 @dataclass
@@ -176,6 +185,23 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
     return list(dict.fromkeys(out))
 
 
+def compounds(store: IndexStore, names: tuple[str, ...], n: int, allowed: set[int] | None) -> list[int]:
+    """Types named by words the query spells apart (rank.compound_names: 'JSON element' finds JsonElement, 'type
+    adapter factories' TypeAdapterFactory): one indexed case-insensitive lookup per name, the more specific names
+    first. Types only: with functions too ('ssh agent' -> a helper sshagent) semble's tune half gained less."""
+    db = store.connect()
+    out: list[int] = []
+    kinds = ",".join("?" * len(COMPOUND_KINDS))
+    for name in names:
+        rows = db.execute(
+            f"SELECT id FROM chunks WHERE symbol = ? COLLATE NOCASE AND kind IN ({kinds})", (name, *COMPOUND_KINDS)
+        ).fetchall()
+        out.extend(r[0] for r in rows if allowed is None or r[0] in allowed)
+        if len(out) >= n:
+            break
+    return list(dict.fromkeys(out))[:n]
+
+
 def _qualified(db: Any, name: str) -> list[int]:
     """Chunks whose symbol is a qualified name ending in `name` (Elixir's `defmodule Ecto.Query`, `Foo::Bar`):
     found through the FTS symbol column (its tokenizer splits on the dots), exact case first."""
@@ -234,6 +260,8 @@ def legs(
             out["phrase"] = phrase(store, text, n, allowed)
         if mode == "hybrid" and profile.identifiers:
             out["symbol"] = [(i, 1.0) for i in symbols(store, profile.identifiers, allowed)][:n]
+        if mode == "hybrid" and profile.compounds:
+            out["compound"] = [(i, 1.0) for i in compounds(store, profile.compounds, n, allowed)]
         return out
 
     pending = _LEXICAL_POOL.submit(lexical_side) if mode != "vector" else None
