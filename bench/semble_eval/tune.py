@@ -85,6 +85,9 @@ def configs() -> dict[str, RankConfig]:
     out["compound leg, nl queries only"] = reweighted(d, mixed={"compound": 0.0})
     for b in (0.3, 1.0):
         out[f"+ compound bonus {b}"] = replace(d, compound=b)
+    # an API's older copy (pydantic/v1 beside pydantic/, zod's v3 beside v4, deprecated/)
+    for x in (0.3, 0.7, 1.0):
+        out[f"older copies x{x}"] = replace(d, superseded=x)
     return out
 
 

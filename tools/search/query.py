@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.tools.search import vectors
+from gpubox.tools.search.paths import superseded_dirs
 from gpubox.tools.search.rank import (
     DEFAULT,
     STOPWORDS,
@@ -299,7 +300,23 @@ def rank_lists(
 ) -> list[Ranked]:
     fused = fuse(lists, profile, cfg)
     rows = store.chunks([s.id for s in fused])
-    return [Ranked(s.id, s.score, s.sources) for s in rerank(fused, rows, profile, cfg)]
+    older = superseded_of(store) if cfg.superseded < 1.0 else frozenset()
+    return [Ranked(s.id, s.score, s.sources) for s in rerank(fused, rows, profile, cfg, older)]
+
+
+_SUPERSEDED: dict[str, tuple[object, frozenset[str]]] = {}
+
+
+def superseded_of(store: IndexStore) -> frozenset[str]:
+    """paths.superseded_dirs over the index's files, computed again only when the index has changed since."""
+    db = store.connect()
+    row = db.execute("SELECT value FROM meta WHERE key = 'updated'").fetchone()
+    stamp = row[0] if row else None
+    cached = _SUPERSEDED.get(str(store.dir))
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, superseded_dirs(p for (p,) in db.execute("SELECT path FROM files")))
+        _SUPERSEDED[str(store.dir)] = cached
+    return cached[1]
 
 
 def snippet(text: str, query: str, budget: int) -> tuple[str, bool]:

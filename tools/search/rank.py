@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gpubox.tools.search.paths import path_penalty, under
 from gpubox.tools.search.store import CAMEL, ChunkRow
 
 QueryKind = Literal["symbol", "mixed", "nl"]
@@ -25,6 +26,7 @@ _SNAKE = re.compile(r"^_*[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+_*$|^_\w+$")
 _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_VERSION_WORD = re.compile(r"v\d+")  # 'v1' is a word: it names a folder (paths.superseded_dirs)
 _STOP = (
     "a an and are as at be by can do does for from has have how if in into is it its it's not of on or over so "
     "such than that the their them then there these this those through to was what when where which while who "
@@ -35,27 +37,11 @@ DEFINITION_KINDS = frozenset(
     {"function", "method", "class", "type", "struct", "enum", "trait", "interface", "impl", "macro", "module"}
 )
 # path parts that mark code a user rarely means: tests, vendored deps, generated code, examples, compat shims.
-# Test files, test dirs and example/compat dirs are semble's patterns at 8d737ab (src/semble/ranking/penalties.py,
-# MIT): test files named the way each language's test runner names them (bats-core's lib/test_functions.bash is
-# the framework, not a test; C and C++ tests also by GoogleTest's own `foo_test.cc` and Chromium's `_unittest`,
-# which semble's `.cpp`-only pattern misses), no 'benchmarks' or 'docs' folders; measured on semble's tune half
-# (bench/results/search_semble_tune.md).
-_TEST_FILE = re.compile(
-    r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py|[^/]*_test\.go|[^/]*Tests?\.java|[^/]*Test\.php|[^/]*_spec\.rb"
-    r"|[^/]*_test\.rb|[^/]*\.test\.[jt]sx?|[^/]*\.spec\.[jt]sx?|[^/]*Tests?\.kt|[^/]*Spec\.kt|[^/]*Tests?\.swift"
-    r"|[^/]*Spec\.swift|[^/]*Tests?\.cs|test_[^/]*\.(?:c|cc|cpp|cxx)|[^/]*_(?:unit)?test\.(?:c|cc|cpp|cxx)"
-    r"|[^/]*Spec\.scala|[^/]*Suite\.scala|[^/]*Test\.scala|[^/]*_spec\.lua|[^/]*_test\.lua|test_[^/]*\.lua"
-    r"|test_helpers?[^/]*\.\w+)$"
-)
-_TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing)/")
-_VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|build|generated|_generated)/")
-_GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\.d\.ts)$")
 PROSE_LANGUAGES = frozenset({"markdown", "rst", "text", "yaml", "json", "toml", "html", "css"})
 # query words that ask for documentation or configuration rather than code
 PROSE_WORDS = frozenset({"doc", "docs", "documentation", "documented", "readme", "guide", "tutorial", "changelog"}) | {
     "manual", "config", "configuration", "yaml", "json", "toml", "markdown",
 }  # fmt: skip
-_EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?_src|compat|_compat|legacy)/")
 
 
 @dataclass(frozen=True)
@@ -93,7 +79,7 @@ def classify(query: str) -> QueryProfile:
     for w in _WORD.findall(text):
         for part in [w, *CAMEL.findall(w)] if _INNER_CAP.search(w) else [w]:
             p = part.lower()
-            if len(p) > 2 and p not in STOPWORDS and p not in words:
+            if (len(p) > 2 or _VERSION_WORD.fullmatch(p)) and p not in STOPWORDS and p not in words:
                 words.append(p)
     identifiers = tuple(dict.fromkeys(idents))
     return QueryProfile(kind, identifiers, tuple(words), compound_names(text, kind, identifiers))
@@ -166,6 +152,9 @@ class RankConfig:
     coherence: float = 0.6  # + this x top score x file's share of candidate score, on the file's best chunk
     mention: float = 0.8  # x for chunks that define nothing (module code, windows) when definitions compete
     path_penalty: float = 0.3  # x for tests, vendored, generated and example code
+    # x for an API's older copy (paths.superseded_dirs) unless the query names its folder: pydantic's v1/ and
+    # deprecated/ copies outranked the current modules (semble tune half +0.002 NDCG@10 at 0.3-0.5)
+    superseded: float = 0.5
     dedupe: bool = True  # drop a hit whose lines overlap a better hit in the same file
     # x this per chunk a file already has above it (semble's file-saturation decay): one file's ten chunks do not
     # fill the page (semble tune half: +0.018 NDCG@10); 1 = off
@@ -201,15 +190,6 @@ def fuse(lists: dict[str, list[tuple[int, float]]], profile: QueryProfile, cfg: 
             s.score += w / (cfg.rrf_k + rank + 1)
             s.sources.append(source)
     return sorted(fused.values(), key=lambda s: -s.score)
-
-
-@functools.lru_cache(maxsize=8192)
-def path_penalty(path: str) -> bool:
-    p = path.replace("\\", "/")
-    return bool(
-        _TEST_FILE.search(p) or _TEST_DIR.search(p) or _VENDOR_DIR.search(p) or _GENERATED_FILE.search(p)
-        or _EXAMPLE_DIR.search(p)
-    )  # fmt: skip
 
 
 def _parts(name: str) -> list[str]:
@@ -301,9 +281,14 @@ def _stem_share(folder: str, stem: str, words: tuple[str, ...]) -> float:
 
 
 def rerank(
-    fused: list[Scored], rows: dict[int, ChunkRow], profile: QueryProfile, cfg: RankConfig = DEFAULT
+    fused: list[Scored],
+    rows: dict[int, ChunkRow],
+    profile: QueryProfile,
+    cfg: RankConfig = DEFAULT,
+    superseded: frozenset[str] = frozenset(),
 ) -> list[Scored]:
-    """Apply the ranking rules to fused candidates whose rows are known; returns them best first."""
+    """Apply the ranking rules to fused candidates whose rows are known; returns them best first. `superseded`: the
+    index's folders of older API copies (paths.superseded_dirs)."""
     cands = [s for s in fused if s.id in rows]
     if not cands:
         return []
@@ -334,6 +319,8 @@ def rerank(
             s.score *= cfg.mention
         if path_penalty(r.path):
             s.score *= cfg.path_penalty
+        if cfg.superseded < 1.0 and superseded and _older_copy(r.path, superseded, profile):
+            s.score *= cfg.superseded
         if r.language in PROSE_LANGUAGES and not asks_prose:
             s.score *= cfg.prose
     if cfg.coherence:
@@ -353,6 +340,11 @@ def rerank(
     if cfg.saturation < 1.0:
         out = saturate(out, rows, cfg.saturation, cfg.saturation_after)
     return out
+
+
+def _older_copy(path: str, superseded: frozenset[str], profile: QueryProfile) -> bool:
+    folder = under(path, superseded)
+    return folder is not None and folder.rstrip("/").rsplit("/", 1)[-1] not in profile.words  # 'pydantic v1 ...'
 
 
 def saturate(ranked: list[Scored], rows: dict[int, ChunkRow], decay: float, after: int = 1) -> list[Scored]:
