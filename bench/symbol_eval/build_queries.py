@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 QUERIES_PER_REPO = 24
 SKIP = re.compile(
-    r"(?:^|/)(?:tests?|testing|examples?|benchmarks?|bench|third_party|third-party|bundled|fuzzing|docs?|tools)/"
+    r"(?:^|/)(?i:tests?|testing|examples?|benchmarks?|bench|third_party|third-party|bundled|fuzzing|docs?|tools)/"
     r"|(?:^|/)\w*(?:Tests?|_tests?)\w*/|Tests?\.\w+$|_(?:unit)?test\.\w+$|_spec\.\w+$|_bench(?:mark)?\.cc$"
     r"|(?:^|/)test_[^/]*$"
 )
@@ -54,7 +54,56 @@ OUTER_SCOPES = (None, "namespace", "package", "module")
 C_FAMILY = ["--langmap=C++:+.h", "--kinds-C++=csfg", "--kinds-C=sfg"]  # a .h read as C++; no prototypes
 
 
+# languages ctags 5.9 cannot read: top-level definitions by a regular expression per language (column 0 only, so
+# members and nested types are left out), tagged as ctags would tag them
+REGEX_DEFS: dict[str, tuple[str, re.Pattern[str]]] = {
+    "Swift": (
+        ".swift",
+        re.compile(
+            r"^(?:(?:public|open|internal|final|@\w+)\s+)*(?P<kind>class|struct|enum|protocol|actor|func)\s+(?P<name>\w+)",
+            re.M,
+        ),
+    ),
+    "Scala": (
+        ".scala",
+        re.compile(
+            r"^(?:(?:final|sealed|abstract|case|private|implicit)\s+)*(?P<kind>class|trait|object|enum|def)\s+(?P<name>\w+)",
+            re.M,
+        ),
+    ),
+    "Zig": (
+        ".zig",
+        re.compile(
+            r"^(?:pub\s+)?(?:const\s+(?P<name>\w+)\s*=\s*(?:packed\s+|extern\s+)?(?P<kind>struct|enum|union)\b"
+            r"|(?:inline\s+)?(?P<fkind>fn)\s+(?P<fname>\w+))",
+            re.M,
+        ),
+    ),
+}
+_REGEX_KIND = {
+    "func": "function",
+    "def": "function",
+    "fn": "function",
+    "protocol": "interface",
+    "actor": "class",
+    "object": "object",
+    "union": "union",
+}
+
+
+def regex_definitions(root: Path, language: str) -> list[dict[str, object]]:
+    suffix, pattern = REGEX_DEFS[language]
+    out: list[dict[str, object]] = []
+    for f in sorted(root.rglob(f"*{suffix}")):
+        for m in pattern.finditer(f.read_text(errors="replace")):
+            name, kind = m.group("name") or m.group("fname"), m.group("kind") or m.group("fkind")
+            out.append({"name": name, "path": str(f.relative_to(root)), "kind": _REGEX_KIND.get(kind, kind)})
+    return out
+
+
 def definitions(root: Path, languages: str) -> list[dict[str, object]]:
+    if languages in REGEX_DEFS:
+        return regex_definitions(root, languages)
     extra = C_FAMILY if "C" in languages.split(",") or "C++" in languages.split(",") else []
     out = subprocess.run(
         ["ctags", "-R", f"--languages={languages}", *extra, "--fields=+neK", "--output-format=json", "-f", "-", "."],
