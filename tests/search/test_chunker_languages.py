@@ -795,9 +795,26 @@ def test_a_short_cpp_namespace_is_split_into_what_it_defines() -> None:
     assert not any(c.kind == "namespace" and "class Cord {" in c.text for c in chunks)
 
 
+def test_what_a_split_namespace_holds_between_its_members_is_kept() -> None:
+    src = (
+        "namespace db {\n\nusing Key = std::string;\nconstexpr int kMax = 5;\n\nclass A { int a; };\n\n"
+        "int g = 3;\nstatic int h = 4;\n\nclass B { int b; };\nconstexpr int kMin = 1;\n}  // namespace db\n"
+    )
+    chunks = chunk_text(src, "cpp")
+    kept = "\n".join(c.text for c in chunks)
+    assert all(line in kept for line in ("int g = 3;", "static int h = 4;", "constexpr int kMin = 1;"))
+    assert [(c.kind, c.symbol) for c in chunks if c.kind == "class"] == [("class", "A"), ("class", "B")]
+    # a closing brace or `end` alone is no chunk; a one-line namespace is its member's chunk, not two
+    assert [(c.kind, c.symbol) for c in chunk_text("namespace a { class Z {}; }\n", "cpp")] == [("class", "Z")]
+    ruby = "module Foo\n  class A\n    def x; end\n  end\n  class B\n  end\nend\n"
+    assert [c.kind for c in chunk_text(ruby, "ruby")] == ["module", "class", "class"]
+
+
 def test_a_typedef_names_the_anonymous_c_struct_it_defines() -> None:
     src = "typedef struct {\n  int head;\n} ring_t;\n\ntypedef enum {\n  RED,\n  GREEN\n} *color_ref;\n"
     assert [(c.kind, c.symbol) for c in chunk_text(src, "c")] == [("struct", "ring_t"), ("enum", "color_ref")]
+    both = "typedef struct {\n  int a;\n} *PFOO, FOO;\n\ntypedef struct {\n  int b;\n};\n"
+    assert [(c.kind, c.symbol) for c in chunk_text(both, "c")] == [("struct", "FOO"), ("struct", None)]
 
 
 def test_c_struct_mentions_are_no_symbols() -> None:

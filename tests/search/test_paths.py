@@ -19,13 +19,19 @@ def test_older_copies_are_found_from_the_index_paths() -> None:
     assert superseded_dirs(zod) == {"packages/zod/src/v3/"}  # v4 is the newest: kept
     assert superseded_dirs(pydantic) == {"pydantic/v1/", "pydantic/deprecated/"}  # beside the current modules
     assert superseded_dirs(exposed) == frozenset()  # a lone v1 in a folder of no files is the current API
+    k8s = ["apps/types.go", "apps/v1/types.go", "apps/v1beta1/types.go", "apps/v1beta2/types.go"]
+    assert superseded_dirs(k8s) == {"apps/v1beta1/", "apps/v1beta2/"}  # the stable v1 is the newest
+    assert superseded_dirs(["go.mod", "client.go", "v2/client.go"]) == frozenset()  # a Go module's major version
+    assert superseded_dirs(["api/__init__.py", "api/deps.py", "api/v1/users.py"]) == frozenset()  # no copy
     assert under("pydantic/v1/fields.py", superseded_dirs(pydantic)) == "pydantic/v1/"
     assert under("pydantic/fields.py", superseded_dirs(pydantic)) is None
 
 
 FILES = {
     "pkg/fields.py": 'def field_validator(name):\n    """Validate one value of a model."""\n    return name\n',
-    "pkg/v1/fields.py": 'def field_validator(name):\n    """Validate a model field by name: the field name."""\n    return name\n',
+    "pkg/v1/fields.py": (
+        'def field_validator(name):\n    """Validate a model field by name: the field name."""\n    return name\n'
+    ),
     "pkg/main.py": "class Model:\n    pass\n",
 }
 

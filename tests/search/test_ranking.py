@@ -149,7 +149,7 @@ def test_words_that_spell_a_type_name_find_the_type(store: IndexStore, rows: dic
 
 
 def test_compound_names_stay_inside_a_phrase_and_leave_written_names_alone() -> None:
-    from gpubox.tools.search.rank import compound_names
+    from gpubox.tools.search.rank import MAX_COMPOUNDS, compound_names
 
     names = compound_names("handler for log rotation", "nl", ())
     assert "logrotation" in names and "log_rotation" in names and "handlerlog" not in names  # not across 'for'
@@ -161,6 +161,12 @@ def test_compound_names_stay_inside_a_phrase_and_leave_written_names_alone() -> 
     )
     assert "parseargs" not in compound_names("where is parse args called", "mixed", ("parseArgs",))
     assert compound_names("JsonElement", "symbol", ("JsonElement",)) == ()
+    plural = compound_names("test cases for LRU caches and http cookies", "nl", ())
+    assert {"testcase", "lrucache", "httpcookie"} <= set(plural)  # -es and -ies words lose just their s too
+    assert "jsonelement" not in compound_names("json, element parsing", "nl", ())  # nor across punctuation
+    assert "handlingretry" not in compound_names("error handling\nretry policy", "nl", ())  # or a line break
+    assert "tablevaluedparameter" in compound_names("table-valued parameter support", "nl", ())  # a hyphen joins
+    assert len(compound_names(" ".join(f"w{i}x word{i}" for i in range(300)), "nl", ())) == MAX_COMPOUNDS
 
 
 def test_phrase_leg_finds_a_quoted_message(store: IndexStore, rows: dict[int, ChunkRow]) -> None:
@@ -342,6 +348,8 @@ def test_a_capitalised_name_prefers_the_case_exact_primary_definition() -> None:
     assert definition_strength(mod, classify("Query").identifiers) == 1.0  # a qualified name by its last part
     ctor = ChunkRow(5, "db/memtable.cc", 21, 30, "MemTable", "method", "cpp", "MemTable::MemTable(const C& c) {}")
     assert definition_strength(ctor, classify("MemTable").identifiers) == 0.5  # a C++ constructor, not the class
+    nested = ChunkRow(6, "a.cc", 1, 2, "Foo", "method", "cpp", "Foo<std::vector<T>>::Foo(int x) {}")
+    assert definition_strength(nested, classify("Foo").identifiers) == 0.5
     ranked = rerank([Scored(2, 0.030, ["symbol"]), Scored(1, 0.028, ["symbol"])], {1: cls, 2: method}, profile)
     assert ranked[0].id == 1
     assert named_file("Sources/Vapor/Request/Request.swift", ("Request",))

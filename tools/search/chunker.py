@@ -28,11 +28,14 @@ log = logging.getLogger("gpubox.search")
 # 4: C/C++ forward declarations are no symbols; `Cord::Append` is method Append of Cord; `template <...>` included.
 # 5: C/C++ parsed with the macros that break definitions blanked (without_macros).
 # 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
-CHUNKER_VERSION = 6
+# 7: what a split namespace or module holds between its members is kept however short.
+CHUNKER_VERSION = 7
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
 
+# a line that holds nothing to search: braces, a closing `end`, a comment, `#endif`
+_TRIVIAL = re.compile(r"\s*(?:[{}()\[\];,]*\s*(?://.*|/\*.*|\*.*|--.*|#\s*(?:endif|else)\b.*)?|end|#.*)\s*")
 LEADING = ("@", "#[", "//", "/*", "*", "# ", "--", '"""')  # decorators, attributes and comments above a symbol
 COMMENTS = tuple(m for m in LEADING if m != '"""')  # a docstring's closing quotes end a class header
 
@@ -187,6 +190,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     containers = CONTAINERS | MEMBER_CONTAINERS.get(language, set())
     out: list[Chunk] = []
     covered = [False] * len(lines)
+    wrapped = [False] * len(lines)  # inside a namespace or module split into its members
 
     def emit(sym: Sym, parent_kind: str | None, parent: str | None = None) -> None:
         kind, name = sym.kind, labels.get(sym.start, sym.name)
@@ -211,14 +215,19 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
                 covered[i] = True
             return
         if inner:
+            if wrapper:  # what sits between its members is kept, however short (below)
+                for i in range(s, e + 1):
+                    wrapped[i] = True
             header_end = max(s, inner[0].start - 1)
             while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
                 header_end -= 1  # the first member's doc comment and decorators are its own
-            if header_end - s + 1 <= MAX_LINES:
+            if inner[0].start <= s:
+                pass  # `namespace a { class Z {}; }`: the member starts on the head line and holds it
+            elif header_end - s + 1 <= MAX_LINES:
                 out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
             else:  # a long preamble (a Lua config table before its first callback) is windowed too
                 out.extend(windows(lines, s, header_end + 1, name, kind, parent, sig))
-            for i in range(s, header_end + 1):
+            for i in range(s, header_end + 1 if inner[0].start > s else s):
                 covered[i] = True
             for child in inner:
                 emit(child, kind, name)
@@ -252,7 +261,10 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         j = i
         while j < len(lines) and not covered[j]:
             j += 1
-        if sum(1 for k in range(i, j) if lines[k].strip()) >= 3:
+        # a short gap at the top level is blank lines and an import or two; inside a split namespace or module it
+        # is what that namespace holds besides its members (`constexpr int kMax = 5;`), so it is kept
+        solid = sum(1 for k in range(i, j) if lines[k].strip())
+        if solid >= 3 or any(wrapped[k] and not _TRIVIAL.fullmatch(lines[k]) for k in range(i, j)):
             out.extend(windows(lines, i, j, None, "module"))
         i = j
     out.sort(key=lambda c: (c.start_line, c.end_line))

@@ -24,7 +24,7 @@ _TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing)/")
 _VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|build|generated|_generated)/")
 _GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\.d\.ts)$")
 _EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?_src|compat|_compat|legacy)/")
-_VERSION_DIR = re.compile(r"v(\d+)")
+_VERSION_DIR = re.compile(r"v(\d+)(?:(alpha|beta)(\d*))?")
 _SUPERSEDED_NAMES = frozenset({"deprecated"})
 
 
@@ -38,27 +38,28 @@ def path_penalty(path: str) -> bool:
 
 
 def superseded_dirs(paths: Iterable[str]) -> frozenset[str]:
-    """Folders ("a/v1/") holding an API's older copy, read from every indexed path: `vN/` beside a `vM/` with M > N
-    (zod's src/v3 beside src/v4), a lone `vN/` in a folder whose own files are the current code (pydantic/v1 beside
-    pydantic/main.py; Exposed's org/jetbrains/exposed/v1, alone in a folder of no files, is the current API), and
-    any `deprecated/` folder."""
-    versions: dict[str, set[int]] = defaultdict(set)
-    has_files: set[str] = set()
+    """Folders ("a/v1/") holding an API's older copy, read from every indexed path: a version folder beside a newer
+    one (zod's src/v3 beside src/v4; Kubernetes' v1beta1 beside v1), a lone `v1/` repeating its parent's own file
+    names (pydantic/v1/fields.py beside pydantic/fields.py; a Go module's `v2/`, Exposed's org/jetbrains/exposed/v1 or
+    a web app's api/v1 are the current code), and any `deprecated/` folder."""
+    versions: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)
+    files: dict[str, set[str]] = defaultdict(set)
     out: set[str] = set()
     for path in paths:
         parts = path.replace("\\", "/").split("/")
-        has_files.add("/".join(parts[:-1]))
+        files["/".join(parts[:-1])].add(parts[-1])
         for i, part in enumerate(parts[:-1]):
             parent = "/".join(parts[:i])
             if (m := _VERSION_DIR.fullmatch(part)) is not None:
-                versions[parent].add(int(m.group(1)))
+                stage = {"alpha": 0, "beta": 1}.get(m.group(2) or "", 2)
+                versions[parent][part] = (int(m.group(1)), stage, int(m.group(3) or 0))
             elif part in _SUPERSEDED_NAMES:
                 out.add(_join(parent, part))
     for parent, found in versions.items():
-        newest = max(found)
-        out.update(_join(parent, f"v{n}") for n in found if n < newest)
-        if len(found) == 1 and parent in has_files:
-            out.add(_join(parent, f"v{newest}"))
+        newest = max(found.values())
+        out.update(_join(parent, name) for name, key in found.items() if key < newest)
+        if list(found) == ["v1"] and files[_join(parent, "v1").rstrip("/")] & files[parent]:
+            out.add(_join(parent, "v1"))
     return frozenset(out)
 
 

@@ -27,6 +27,9 @@ _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _VERSION_WORD = re.compile(r"v\d+")  # 'v1' is a word: it names a folder (paths.superseded_dirs)
+# a word, or what ends a run of words for compound_names: punctuation other than a hyphen, or a line break
+_RUN_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*|[^\sA-Za-z0-9'-]+|\n")
+MAX_COMPOUNDS = 48  # names looked up per query (one indexed lookup each): a 2,000-character query stays cheap
 _STOP = (
     "a an and are as at be by can do does for from has have how if in into is it its it's not of on or over so "
     "such than that the their them then there these this those through to was what when where which while who "
@@ -88,11 +91,11 @@ def classify(query: str) -> QueryProfile:
 def _singulars(word: str) -> list[str]:
     out = [word]
     if word.endswith("ies") and len(word) > 4:
-        out.append(word[:-3] + "y")  # factories -> factory
+        out.append(word[:-3] + "y")  # factories -> factory (cookies -> cookie below)
     elif word.endswith(("ses", "xes", "ches", "shes")):
-        out.append(word[:-2])  # classes -> class
-    elif word.endswith("s") and not word.endswith("ss") and len(word) > 3:
-        out.append(word[:-1])  # strategies handled above; handlers -> handler
+        out.append(word[:-2])  # classes -> class (cases, caches, responses -> case, cache, response below)
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
+        out.append(word[:-1])  # handlers -> handler
     return out
 
 
@@ -104,9 +107,9 @@ def compound_names(text: str, kind: QueryKind, identifiers: tuple[str, ...]) -> 
     if kind == "symbol":
         return ()
     runs: list[list[str]] = [[]]
-    for w in _WORD.findall(text):
-        lw = w.lower()
-        if lw in STOPWORDS or len(lw) < 2 or not lw.isalnum():
+    for m in _RUN_TOKEN.finditer(text):
+        lw = m.group().lower()
+        if not lw[0].isalpha() or lw in STOPWORDS or len(lw) < 2:  # a stopword, a comma, a line break
             runs.append([])
         else:
             runs[-1].append(lw)
@@ -119,7 +122,7 @@ def compound_names(text: str, kind: QueryKind, identifiers: tuple[str, ...]) -> 
                 for last in _singulars(run[i + n - 1]):
                     if "".join(head) + last not in written:
                         names += ["".join(head) + last, "_".join([*head, last])]
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys(names))[:MAX_COMPOUNDS]
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def _constructor(row: ChunkRow, name: str) -> bool:
     in the .cc file while the class itself is in the header (ctags-labelled C++ names: bench/symbol_eval)."""
     return (
         row.kind == "method"
-        and re.search(rf"\b{re.escape(name)}\s*(?:<[^>]*>)?\s*::\s*{re.escape(name)}\s*\(", row.text) is not None
+        and re.search(rf"\b{re.escape(name)}\s*(?:<[^(){{}};]*>)?\s*::\s*{re.escape(name)}\s*\(", row.text) is not None
     )
 
 

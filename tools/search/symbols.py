@@ -352,11 +352,13 @@ def _c_family(node: Any, kind: str) -> tuple[str, str | None, str | None] | None
         return None
     if node.type.endswith("_specifier") and node.child_by_field_name("name") is None:
         typedef = node.parent  # `typedef struct {...} Curl_easy;`: the type's only name is the typedef's
-        declarator = typedef.child_by_field_name("declarator") if typedef is not None else None
-        if typedef is not None and typedef.type == "type_definition" and declarator is not None:
-            while declarator.type != "type_identifier" and declarator.named_children:  # *PFOO -> PFOO
+        if typedef is not None and typedef.type == "type_definition":
+            names = typedef.children_by_field_name("declarator")  # `} *PFOO, FOO;`: FOO names the type itself
+            plain = [d for d in names if d.type == "type_identifier"]
+            declarator = plain[0] if plain else (names[0] if names else None)
+            while declarator is not None and declarator.type != "type_identifier" and declarator.named_children:
                 declarator = declarator.child_by_field_name("declarator") or declarator.named_children[0]
-            return kind, _text(declarator), None
+            return kind, (_text(declarator) or None) if declarator is not None else None, None
     if node.type == "function_definition":
         qualified = _out_of_line(node)
         if qualified is not None:
