@@ -806,8 +806,18 @@ def test_what_a_split_namespace_holds_between_its_members_is_kept() -> None:
     assert [(c.kind, c.symbol) for c in chunks if c.kind == "class"] == [("class", "A"), ("class", "B")]
     # a closing brace or `end` alone is no chunk; a one-line namespace is its member's chunk, not two
     assert [(c.kind, c.symbol) for c in chunk_text("namespace a { class Z {}; }\n", "cpp")] == [("class", "Z")]
-    ruby = "module Foo\n  class A\n    def x; end\n  end\n  class B\n  end\nend\n"
+    ruby = "module Foo\n  class A\n    def x; end\n  end\n  class B\n  end\nend # module Foo\n"
     assert [c.kind for c in chunk_text(ruby, "ruby")] == ["module", "class", "class"]
+    defines = "namespace db {\nclass A { int a; };\n#define kMax 5\n#endif  // X\nclass B { int b; };\n}\n"
+    assert [c.text for c in chunk_text(defines, "cpp") if c.kind == "module"] == ["#define kMax 5\n#endif  // X"]
+    # a long class inside a namespace is split as it would be at the top level: no one-line `private:` chunks
+    methods = "".join(f"  void m{i}() {{\n    int a = {i};\n    a++;\n  }}\n" for i in range(22))
+    big = "class Big {\n public:\n" + methods + " private:\n  int count_;\n" + methods.replace("m", "n") + "};\n"
+    inside = [c for c in chunk_text("namespace db {\n" + big + "}  // namespace db\n", "cpp") if c.kind == "module"]
+    assert inside == [c for c in chunk_text(big, "cpp") if c.kind == "module"] == []
+    # comments above a namespace whose first member shares its line go to that member
+    head = chunk_text("// Copyright\n// License\nnamespace a { class Z {};\nclass Y {};\n}\n", "cpp")
+    assert [(c.kind, c.symbol, c.start_line) for c in head] == [("class", "Z", 1), ("class", "Y", 4)]
 
 
 def test_a_typedef_names_the_anonymous_c_struct_it_defines() -> None:

@@ -14,7 +14,8 @@ from gpubox.tools.search.store import IndexStore
 
 def test_older_copies_are_found_from_the_index_paths() -> None:
     zod = ["packages/zod/src/index.ts", "packages/zod/src/v3/types.ts", "packages/zod/src/v4/core/errors.ts"]
-    pydantic = ["pydantic/main.py", "pydantic/fields.py", "pydantic/v1/fields.py", "pydantic/deprecated/json.py"]
+    pydantic = ["pydantic/main.py", "pydantic/fields.py", "pydantic/v1/fields.py", "pydantic/v1/main.py"]
+    pydantic.append("pydantic/deprecated/json.py")
     exposed = ["org/jetbrains/exposed/v1/core/Table.kt", "org/jetbrains/exposed/v1/jdbc/Database.kt"]
     assert superseded_dirs(zod) == {"packages/zod/src/v3/"}  # v4 is the newest: kept
     assert superseded_dirs(pydantic) == {"pydantic/v1/", "pydantic/deprecated/"}  # beside the current modules
@@ -23,6 +24,7 @@ def test_older_copies_are_found_from_the_index_paths() -> None:
     assert superseded_dirs(k8s) == {"apps/v1beta1/", "apps/v1beta2/"}  # the stable v1 is the newest
     assert superseded_dirs(["go.mod", "client.go", "v2/client.go"]) == frozenset()  # a Go module's major version
     assert superseded_dirs(["api/__init__.py", "api/deps.py", "api/v1/users.py"]) == frozenset()  # no copy
+    assert superseded_dirs(["pkg/__init__.py", "pkg/v1/__init__.py", "pkg/v1/users.py"]) == frozenset()  # boilerplate
     assert under("pydantic/v1/fields.py", superseded_dirs(pydantic)) == "pydantic/v1/"
     assert under("pydantic/fields.py", superseded_dirs(pydantic)) is None
 
@@ -33,6 +35,7 @@ FILES = {
         'def field_validator(name):\n    """Validate a model field by name: the field name."""\n    return name\n'
     ),
     "pkg/main.py": "class Model:\n    pass\n",
+    "pkg/v1/main.py": "class Model:\n    pass\n",  # v1 repeats its parent's modules: an older copy
 }
 
 

@@ -167,6 +167,10 @@ def test_compound_names_stay_inside_a_phrase_and_leave_written_names_alone() -> 
     assert "handlingretry" not in compound_names("error handling\nretry policy", "nl", ())  # or a line break
     assert "tablevaluedparameter" in compound_names("table-valued parameter support", "nl", ())  # a hyphen joins
     assert len(compound_names(" ".join(f"w{i}x word{i}" for i in range(300)), "nl", ())) == MAX_COMPOUNDS
+    long = (
+        "configure retry policy timeouts, http client connection pools, tls certificates caches, json element parsers"
+    )
+    assert "jsonelement" in compound_names(long, "nl", ())  # three-word names leave room for the two-word ones
 
 
 def test_phrase_leg_finds_a_quoted_message(store: IndexStore, rows: dict[int, ChunkRow]) -> None:

@@ -29,13 +29,24 @@ log = logging.getLogger("gpubox.search")
 # 5: C/C++ parsed with the macros that break definitions blanked (without_macros).
 # 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
 # 7: what a split namespace or module holds between its members is kept however short.
-CHUNKER_VERSION = 7
+# 8: ...but not a `#endif` or `end # module` alone, nor the lines of a member class split inside it.
+CHUNKER_VERSION = 8
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
 
-# a line that holds nothing to search: braces, a closing `end`, a comment, `#endif`
-_TRIVIAL = re.compile(r"\s*(?:[{}()\[\];,]*\s*(?://.*|/\*.*|\*.*|--.*|#\s*(?:endif|else)\b.*)?|end|#.*)\s*")
+# a line that holds nothing to search: braces (and a comment after them), a comment, a closing `end`, a C/C++
+# conditional (`#endif`); `#define kMax 5` or `/* c */ int x = 1;` hold something
+_TRIVIAL_C = re.compile(
+    r"\s*[{}()\[\];,]*\s*(?://.*|/\*(?:(?!\*/).)*(?:\*/)?|\*.*)?\s*|\s*#\s*(?:if|ifdef|ifndef|elif|else|endif)\b.*"
+)
+_TRIVIAL_HASH = re.compile(r"\s*(?:[{}()\[\];,]*|end)\s*(?:#.*)?")  # Ruby, Elixir: `end # module Foo`
+
+
+def _trivial(line: str, language: str) -> bool:
+    return bool((_TRIVIAL_HASH if language in ("ruby", "elixir") else _TRIVIAL_C).fullmatch(line))
+
+
 LEADING = ("@", "#[", "//", "/*", "*", "# ", "--", '"""')  # decorators, attributes and comments above a symbol
 COMMENTS = tuple(m for m in LEADING if m != '"""')  # a docstring's closing quotes end a class header
 
@@ -215,25 +226,34 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
                 covered[i] = True
             return
         if inner:
-            if wrapper:  # what sits between its members is kept, however short (below)
-                for i in range(s, e + 1):
+            if wrapper:  # what sits between its members is kept, however short (below); a member's own lines
+                for i in range(s, e + 1):  # are its own (a split class inside re-marks only its gaps)
                     wrapped[i] = True
-            header_end = max(s, inner[0].start - 1)
-            while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
-                header_end -= 1  # the first member's doc comment and decorators are its own
-            if inner[0].start <= s:
-                pass  # `namespace a { class Z {}; }`: the member starts on the head line and holds it
-            elif header_end - s + 1 <= MAX_LINES:
-                out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
-            else:  # a long preamble (a Lua config table before its first callback) is windowed too
-                out.extend(windows(lines, s, header_end + 1, name, kind, parent, sig))
-            for i in range(s, header_end + 1 if inner[0].start > s else s):
-                covered[i] = True
+                for child in inner:
+                    for i in range(child.start, child.end + 1):
+                        wrapped[i] = False
+            if inner[0].start <= sym.start:
+                pass  # `namespace a { class Z {}; }`: the member starts on the head line (and takes comments above)
+            else:
+                _header(s, inner[0].start, name, kind, parent, sig)
             for child in inner:
                 emit(child, kind, name)
             return
         out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
         for i in range(s, e + 1):
+            covered[i] = True
+
+    def _header(s: int, first: int, name: str | None, kind: str, parent: str | None, sig: str | None) -> None:
+        """A container's lines before its first member (the first member's doc comment and decorators are its own);
+        a long preamble (a Lua config table before its first callback) is windowed."""
+        header_end = max(s, first - 1)
+        while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
+            header_end -= 1
+        if header_end - s + 1 <= MAX_LINES:
+            out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
+        else:
+            out.extend(windows(lines, s, header_end + 1, name, kind, parent, sig))
+        for i in range(s, header_end + 1):
             covered[i] = True
 
     def _symbol_children(node: Any) -> list[Sym]:
@@ -264,7 +284,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         # a short gap at the top level is blank lines and an import or two; inside a split namespace or module it
         # is what that namespace holds besides its members (`constexpr int kMax = 5;`), so it is kept
         solid = sum(1 for k in range(i, j) if lines[k].strip())
-        if solid >= 3 or any(wrapped[k] and not _TRIVIAL.fullmatch(lines[k]) for k in range(i, j)):
+        if solid >= 3 or any(wrapped[k] and not _trivial(lines[k], language) for k in range(i, j)):
             out.extend(windows(lines, i, j, None, "module"))
         i = j
     out.sort(key=lambda c: (c.start_line, c.end_line))

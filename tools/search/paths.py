@@ -26,6 +26,10 @@ _GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\
 _EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?_src|compat|_compat|legacy)/")
 _VERSION_DIR = re.compile(r"v(\d+)(?:(alpha|beta)(\d*))?")
 _SUPERSEDED_NAMES = frozenset({"deprecated"})
+# file names any folder may have: sharing them is no sign that `v1/` copies its parent
+_BOILERPLATE = frozenset(
+    {"__init__.py", "index.ts", "index.js", "index.tsx", "mod.rs", "lib.rs", "doc.go", "README.md", "package.json"}
+)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -39,9 +43,9 @@ def path_penalty(path: str) -> bool:
 
 def superseded_dirs(paths: Iterable[str]) -> frozenset[str]:
     """Folders ("a/v1/") holding an API's older copy, read from every indexed path: a version folder beside a newer
-    one (zod's src/v3 beside src/v4; Kubernetes' v1beta1 beside v1), a lone `v1/` repeating its parent's own file
-    names (pydantic/v1/fields.py beside pydantic/fields.py; a Go module's `v2/`, Exposed's org/jetbrains/exposed/v1 or
-    a web app's api/v1 are the current code), and any `deprecated/` folder."""
+    one (zod's src/v3 beside src/v4; Kubernetes' v1beta1 beside v1), a lone `v1/` repeating two or more of its
+    parent's own file names (pydantic/v1/fields.py beside pydantic/fields.py; a Go module's `v2/`, Exposed's
+    org/jetbrains/exposed/v1 or a web app's api/v1 are the current code), and any `deprecated/` folder."""
     versions: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)
     files: dict[str, set[str]] = defaultdict(set)
     out: set[str] = set()
@@ -58,7 +62,7 @@ def superseded_dirs(paths: Iterable[str]) -> frozenset[str]:
     for parent, found in versions.items():
         newest = max(found.values())
         out.update(_join(parent, name) for name, key in found.items() if key < newest)
-        if list(found) == ["v1"] and files[_join(parent, "v1").rstrip("/")] & files[parent]:
+        if list(found) == ["v1"] and len((files[_join(parent, "v1").rstrip("/")] & files[parent]) - _BOILERPLATE) >= 2:
             out.add(_join(parent, "v1"))
     return frozenset(out)
 

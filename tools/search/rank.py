@@ -28,7 +28,7 @@ _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _VERSION_WORD = re.compile(r"v\d+")  # 'v1' is a word: it names a folder (paths.superseded_dirs)
 # a word, or what ends a run of words for compound_names: punctuation other than a hyphen, or a line break
-_RUN_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*|[^\sA-Za-z0-9'-]+|\n")
+_RUN_TOKEN = re.compile(r"\w+|[^\w\s'-]+|\n")
 MAX_COMPOUNDS = 48  # names looked up per query (one indexed lookup each): a 2,000-character query stays cheap
 _STOP = (
     "a an and are as at be by can do does for from has have how if in into is it its it's not of on or over so "
@@ -108,21 +108,23 @@ def compound_names(text: str, kind: QueryKind, identifiers: tuple[str, ...]) -> 
         return ()
     runs: list[list[str]] = [[]]
     for m in _RUN_TOKEN.finditer(text):
-        lw = m.group().lower()
-        if not lw[0].isalpha() or lw in STOPWORDS or len(lw) < 2:  # a stopword, a comma, a line break
+        w = m.group().lower()
+        if w.isascii() and w.isalnum() and w[0].isalpha() and len(w) > 1 and w not in STOPWORDS:
+            runs[-1].append(w)
+        else:  # a stopword, punctuation, a line break, a number, a snake_case name, a non-ASCII word
             runs.append([])
-        else:
-            runs[-1].append(lw)
     written = {i.lower().replace("_", "") for i in identifiers}
-    names: list[str] = []
-    for n in (3, 2):
+    by_length: dict[int, list[str]] = {3: [], 2: []}
+    for n, names in by_length.items():
         for run in runs:
             for i in range(len(run) - n + 1):
                 head = run[i : i + n - 1]
                 for last in _singulars(run[i + n - 1]):
                     if "".join(head) + last not in written:
                         names += ["".join(head) + last, "_".join([*head, last])]
-    return tuple(dict.fromkeys(names))[:MAX_COMPOUNDS]
+    # three-word names first, but never more than a third of the budget: a long query keeps its two-word names
+    three = list(dict.fromkeys(by_length[3]))[: MAX_COMPOUNDS // 3]
+    return tuple(dict.fromkeys(three + by_length[2]))[:MAX_COMPOUNDS]
 
 
 @dataclass(frozen=True)
