@@ -217,43 +217,32 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         wrapper = kind == SPLIT_WRAPPERS.get(language) and (
             (kind == "namespace" and bool(inner)) or any(c.kind in containers for c in inner)
         )
-        if (e - s + 1 <= MAX_LINES and not wrapper) or (not inner and kind not in ("function", "method")):
-            if e - s + 1 <= MAX_LINES:
-                out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind, parent))
-            else:
-                out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
+        if (e - s + 1 <= MAX_LINES and not wrapper) or not inner:
+            _span(s, e, name, kind, parent, sig)  # one chunk, or windows when long (a long function)
+            return
+        if wrapper:
+            # what sits between its members is kept, however short (below); a member's own lines are its own (a
+            # split class inside re-marks only its gaps)
             for i in range(s, e + 1):
-                covered[i] = True
-            return
-        if inner:
-            if wrapper:  # what sits between its members is kept, however short (below); a member's own lines
-                for i in range(s, e + 1):  # are its own (a split class inside re-marks only its gaps)
-                    wrapped[i] = True
-                for child in inner:
-                    for i in range(child.start, child.end + 1):
-                        wrapped[i] = False
-            if inner[0].start <= sym.start:
-                pass  # `namespace a { class Z {}; }`: the member starts on the head line (and takes comments above)
-            else:
-                _header(s, inner[0].start, name, kind, parent, sig)
+                wrapped[i] = True
             for child in inner:
-                emit(child, kind, name)
-            return
-        out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
-        for i in range(s, e + 1):
-            covered[i] = True
+                for i in range(child.start, child.end + 1):
+                    wrapped[i] = False
+        if inner[0].start > sym.start:  # else `namespace a { class Z {}; }`: the member holds the head line
+            header_end = max(s, inner[0].start - 1)
+            while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
+                header_end -= 1  # the first member's doc comment and decorators are its own
+            _span(s, header_end, name, kind, parent, sig)  # a long preamble (a Lua config table) is windowed
+        for child in inner:
+            emit(child, kind, name)
 
-    def _header(s: int, first: int, name: str | None, kind: str, parent: str | None, sig: str | None) -> None:
-        """A container's lines before its first member (the first member's doc comment and decorators are its own);
-        a long preamble (a Lua config table before its first callback) is windowed."""
-        header_end = max(s, first - 1)
-        while header_end > s and lines[header_end].lstrip().startswith(COMMENTS):
-            header_end -= 1
-        if header_end - s + 1 <= MAX_LINES:
-            out.append(Chunk(s + 1, header_end + 1, "\n".join(lines[s : header_end + 1]), name, kind, parent))
+    def _span(s: int, e: int, name: str | None, kind: str, parent: str | None, sig: str | None) -> None:
+        """Lines s..e (0-based, inclusive) as one chunk, or as windows when longer than MAX_LINES; marked covered."""
+        if e - s + 1 <= MAX_LINES:
+            out.append(Chunk(s + 1, e + 1, "\n".join(lines[s : e + 1]), name, kind, parent))
         else:
-            out.extend(windows(lines, s, header_end + 1, name, kind, parent, sig))
-        for i in range(s, header_end + 1):
+            out.extend(windows(lines, s, e + 1, name, kind, parent, sig))
+        for i in range(s, e + 1):
             covered[i] = True
 
     def _symbol_children(node: Any) -> list[Sym]:

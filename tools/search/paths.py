@@ -8,6 +8,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
+# path parts that mark code a user rarely means: tests, vendored deps, generated code, examples, compat shims.
 # Test files, test dirs and example/compat dirs are semble's patterns at 8d737ab (src/semble/ranking/penalties.py,
 # MIT): test files named the way each language's test runner names them (bats-core's lib/test_functions.bash is
 # the framework, not a test; C and C++ tests also by GoogleTest's own `foo_test.cc` and Chromium's `_unittest`,

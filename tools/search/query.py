@@ -13,15 +13,7 @@ from typing import Any
 
 from gpubox.tools.search import vectors
 from gpubox.tools.search.paths import superseded_dirs
-from gpubox.tools.search.rank import (
-    DEFAULT,
-    STOPWORDS,
-    QueryProfile,
-    RankConfig,
-    classify,
-    fuse,
-    rerank,
-)
+from gpubox.tools.search.rank import DEFAULT, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
 from gpubox.tools.search.store import IndexStore, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")

@@ -39,7 +39,6 @@ STOPWORDS = frozenset(_STOP.split())
 DEFINITION_KINDS = frozenset(
     {"function", "method", "class", "type", "struct", "enum", "trait", "interface", "impl", "macro", "module"}
 )
-# path parts that mark code a user rarely means: tests, vendored deps, generated code, examples, compat shims.
 PROSE_LANGUAGES = frozenset({"markdown", "rst", "text", "yaml", "json", "toml", "html", "css"})
 # query words that ask for documentation or configuration rather than code
 PROSE_WORDS = frozenset({"doc", "docs", "documentation", "documented", "readme", "guide", "tutorial", "changelog"}) | {
