@@ -88,6 +88,9 @@ def configs() -> dict[str, RankConfig]:
     # an API's older copy (pydantic/v1 beside pydantic/, zod's v3 beside v4, deprecated/)
     for x in (0.3, 0.7, 1.0):
         out[f"older copies x{x}"] = replace(d, superseded=x)
+    # C++'s out-of-line constructor (`MemTable::MemTable(` in the .cc) beside the class in the header
+    for c in (0.0, 0.25, 1.0):
+        out[f"out-of-line constructor x{c}"] = replace(d, constructor=c)
     return out
 
 

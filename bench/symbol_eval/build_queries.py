@@ -139,15 +139,47 @@ def queries(root: Path, seed: str, languages: str = "C,C++") -> list[dict[str, o
     return [{"query": n, "relevant": [p], "secondary": [], "category": "symbol"} for n, p in chosen]
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def shared_queries(root: Path, seed: str, languages: str = "C,C++") -> list[dict[str, object]]:
+    """Names that several places define (a type and its constructors, a nested class or method of the same name
+    elsewhere, a re-declaration): the one type definition in the file named after the name is the target.
+
+    The label is the naming convention (`JsonParser` -> JsonParser.java, `StrCat` -> str_cat.h), not a judgement;
+    a name qualifies when ctags finds it defined in two or more files, any scope, and exactly one file whose stem
+    is the name (case, `_` and `-` ignored) holds a type definition of it, outside tests and examples."""
+    tags = definitions(root, languages)
+    files: dict[str, set[str]] = collections.defaultdict(set)
+    named: dict[str, set[str]] = collections.defaultdict(set)
+    for t in tags:
+        name, path = str(t["name"]), str(t["path"]).removeprefix("./")
+        if not NAME.fullmatch(name) or "__anon" in str(t.get("scope", "")):
+            continue
+        files[name].add(path)
+        if t["kind"] in TYPE_KINDS and not SKIP.search(path) and _norm(Path(path).stem) == _norm(name):
+            named[name].add(path)
+    picked = sorted((n, next(iter(ps))) for n, ps in named.items() if len(ps) == 1 and len(files[n]) >= 2)
+    rng = random.Random(f"gpubox-symbol-eval-shared-v1/{seed}")
+    chosen = rng.sample(picked, min(len(picked), QUERIES_PER_REPO))
+    return [{"query": n, "relevant": [p], "secondary": [], "category": "symbol"} for n, p in chosen]
+
+
+SETS = {"once": ("annotations", queries), "shared": ("annotations_shared", shared_queries)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
+    ap.add_argument("--set", choices=sorted(SETS), default="once", help="once: names defined once; shared: several")
     args = ap.parse_args()
     sources = json.loads((HERE / "sources.json").read_text())
-    (HERE / "annotations").mkdir(exist_ok=True)
+    folder, build = SETS[args.set]
+    (HERE / folder).mkdir(exist_ok=True)
     for repo in sources["repos"]:
-        items = queries(args.corpora / repo["name"], repo["name"], repo.get("languages", "C,C++"))
-        (HERE / "annotations" / f"{repo['name']}.json").write_text(json.dumps(items, indent=1) + "\n")
+        items = build(args.corpora / repo["name"], repo["name"], repo.get("languages", "C,C++"))
+        (HERE / folder / f"{repo['name']}.json").write_text(json.dumps(items, indent=1) + "\n")
         print(f"{repo['name']}: {len(items)} queries")
 
 

@@ -30,8 +30,11 @@ from gpubox.settings import Settings  # noqa: E402
 STATE = Path(os.environ.get("SYMBOL_EVAL_STATE") or "/tmp/symbol_eval_state")
 
 
-async def run(corpora: Path, modes: list[str], out_path: Path) -> dict[str, dict[str, float]]:
+async def run(
+    corpora: Path, modes: list[str], out_path: Path, folder: str = "annotations", only: list[str] | None = None
+) -> dict[str, dict[str, float]]:
     repos = [r["name"] for r in json.loads((HERE / "sources.json").read_text())["repos"]]
+    repos = [r for r in repos if not only or r in only]
     server = build_server(Settings.load(state_dir=STATE, allowed_roots=[corpora]))
     table: dict[str, dict[str, float]] = {}
     try:
@@ -40,7 +43,9 @@ async def run(corpora: Path, modes: list[str], out_path: Path) -> dict[str, dict
                 for repo in repos:
                     name = repo.replace("+", "--")  # index names allow no "+"
                     await index(client, name, corpora / repo)
-                    items = json.loads((HERE / "annotations" / f"{repo}.json").read_text())
+                    items = json.loads((HERE / folder / f"{repo}.json").read_text())
+                    if not items:
+                        continue
                     for mode in modes:
                         scores = []
                         for i, item in enumerate(items):
@@ -60,8 +65,11 @@ def main() -> None:
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
     ap.add_argument("--modes", type=lambda s: s.split(","), default=["hybrid", "vector", "lexical"])
     ap.add_argument("--out", type=Path, default=Path("/tmp/symbol_eval_hits.jsonl"))
+    ap.add_argument("--set", choices=["once", "shared"], default="once", help="build_queries.py's query set")
+    ap.add_argument("--repos", type=lambda s: s.split(","), default=None, help="only these (sources.json names)")
     args = ap.parse_args()
-    table = anyio.run(run, args.corpora, args.modes, args.out)
+    folder = "annotations" if args.set == "once" else "annotations_shared"
+    table = anyio.run(run, args.corpora, args.modes, args.out, folder, args.repos)
     print("| repo | " + " | ".join(args.modes) + " |\n|---|" + "---|" * len(args.modes))
     for repo, row in table.items():
         print(f"| {repo} | " + " | ".join(f"{row[m]:.3f}" for m in args.modes) + " |")

@@ -895,6 +895,38 @@ def test_cpp_heads_that_macros_and_qualified_names_make_hard(source: str, symbol
     assert [(c.kind, c.symbol, c.parent) for c in chunk_text(source, "cpp")] == [symbol]
 
 
+NAMESPACE_MACROS = """\
+#include <cstddef>
+
+NLOHMANN_JSON_NAMESPACE_BEGIN
+namespace detail
+{
+
+template<typename BasicJsonType, typename SAX = json_sax<BasicJsonType>>
+class binary_reader
+{
+  public:
+    bool sax_parse(int format);
+};
+
+}  // namespace detail
+NLOHMANN_JSON_NAMESPACE_END
+"""
+
+
+def test_a_namespace_macro_alone_on_its_line_does_not_turn_the_file_into_one_function() -> None:
+    # nlohmann-json, {fmt}, abseil and rapidjson open namespaces with an argument-less macro; the grammar read
+    # `NLOHMANN_JSON_NAMESPACE_BEGIN namespace detail {...}` as a function named `namespace`
+    chunks = chunk_text(NAMESPACE_MACROS, "cpp")
+    assert ("class", "binary_reader") in [(c.kind, c.symbol) for c in chunks]
+    assert "namespace" not in [c.symbol for c in chunks]
+    cls = next(c for c in chunks if c.symbol == "binary_reader")
+    assert cls.text.startswith("template<typename BasicJsonType, typename SAX") and cls.start_line == 7
+    # a macro with arguments alone on its line may head a body (`TEST(Suite, Name)` then `{`): left alone
+    test = "TEST(Suite, Name)\n{\n  EXPECT_TRUE(ok());\n}\n"
+    assert [c.text for c in chunk_text(test, "cpp")] == [test.rstrip("\n")]
+
+
 def test_a_brace_initialiser_is_no_class_head_and_nested_templates_stay_whole() -> None:
     assert [(c.kind, c.symbol) for c in chunk_text("void g() {\n  struct RGB_COLOR c{1, 2, 3};\n}\n", "cpp")] == [
         ("function", "g")

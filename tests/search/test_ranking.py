@@ -4,6 +4,7 @@ classifier, the symbol and phrase legs, and each ranking rule. SQLite only: no e
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,6 @@ def test_a_class_and_its_method_are_not_both_returned(rows: dict[int, ChunkRow])
 
 
 def test_a_name_inside_a_question_does_not_pull_its_definition_up(rows: dict[int, ChunkRow]) -> None:
-    from dataclasses import replace
 
     definition = _by_symbol(rows, "Database")
     mention = next(r for r in rows.values() if r.path == "inventory/api.py" and "Database" in r.text)
@@ -253,7 +253,6 @@ def test_a_name_inside_a_question_does_not_pull_its_definition_up(rows: dict[int
 
 
 def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
-    from dataclasses import replace
 
     mention = next(r for r in rows.values() if r.path == "inventory/api.py" and "Database" in r.text)
     definition = _by_symbol(rows, "Database")
@@ -268,7 +267,6 @@ def test_rules_can_be_switched_off(rows: dict[int, ChunkRow]) -> None:
 
 
 def test_one_file_does_not_fill_the_page_when_saturation_is_on(rows: dict[int, ChunkRow]) -> None:
-    from dataclasses import replace
 
     db = [r for r in rows.values() if r.path == "inventory/db.py"][:3]
     cache = _by_symbol(rows, "LRUCache")
@@ -286,7 +284,6 @@ def test_one_file_does_not_fill_the_page_when_saturation_is_on(rows: dict[int, C
 
 
 def test_documentation_waits_behind_code_unless_the_query_asks_for_docs(rows: dict[int, ChunkRow]) -> None:
-    from dataclasses import replace
 
     code = _by_symbol(rows, "retry_with_backoff")
     doc = ChunkRow(900, "docs/retry.md", 1, 9, None, "window", "markdown", "Retries back off exponentially.")
@@ -352,6 +349,7 @@ def test_a_capitalised_name_prefers_the_case_exact_primary_definition() -> None:
     assert definition_strength(mod, classify("Query").identifiers) == 1.0  # a qualified name by its last part
     ctor = ChunkRow(5, "db/memtable.cc", 21, 30, "MemTable", "method", "cpp", "MemTable::MemTable(const C& c) {}")
     assert definition_strength(ctor, classify("MemTable").identifiers) == 0.5  # a C++ constructor, not the class
+    assert definition_strength(ctor, classify("MemTable").identifiers, 0.25) == 0.25  # RankConfig.constructor
     nested = ChunkRow(6, "a.cc", 1, 2, "Foo", "method", "cpp", "Foo<std::vector<T>>::Foo(int x) {}")
     assert definition_strength(nested, classify("Foo").identifiers) == 0.5
     ranked = rerank([Scored(2, 0.030, ["symbol"]), Scored(1, 0.028, ["symbol"])], {1: cls, 2: method}, profile)
@@ -398,3 +396,18 @@ def test_the_symbol_leg_finds_a_qualified_name_by_its_last_part(tmp_path: Path) 
 )
 def test_cpp_test_files_are_known_by_every_usual_extension(path: str, test: bool) -> None:
     assert path_penalty(path) == test
+
+
+def test_the_class_in_the_header_outranks_its_out_of_line_constructor_and_the_cc_file_around_it() -> None:
+    # leveldb's MemTable: `MemTable::MemTable(...)` in db/memtable.cc, beside the file's other members (file
+    # coherence), came first and the class in db/memtable.h second (bench/symbol_eval's shared-name set)
+    profile = classify("MemTable")
+    cls = ChunkRow(1, "db/memtable.h", 20, 83, "MemTable", "class", "cpp", "class MemTable {\n public:\n};")
+    ctor = ChunkRow(2, "db/memtable.cc", 21, 22, "MemTable", "method", "cpp", "MemTable::MemTable(const C& c) {}")
+    add = ChunkRow(3, "db/memtable.cc", 76, 100, "Add", "method", "cpp", "void MemTable::Add(SequenceNumber s) {}")
+    get = ChunkRow(4, "db/memtable.cc", 102, 140, "Get", "method", "cpp", "bool MemTable::Get(const LookupKey& k) {}")
+    rows = {r.id: r for r in (cls, ctor, add, get)}
+    fused = [Scored(2, 0.09, ["symbol", "lexical"]), Scored(1, 0.08, ["symbol", "lexical"])]
+    fused += [Scored(3, 0.05, ["lexical"]), Scored(4, 0.05, ["lexical"])]
+    assert rerank(fused, rows, profile)[0].id == 1
+    assert rerank(fused, rows, profile, replace(DEFAULT, constructor=1.0))[0].id == 2  # the rule is what decides

@@ -30,7 +30,8 @@ log = logging.getLogger("gpubox.search")
 # 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
 # 7: what a split namespace or module holds between its members is kept however short.
 # 8: ...but not a `#endif` or `end # module` alone, nor the lines of a member class split inside it.
-CHUNKER_VERSION = 8
+# 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing.
+CHUNKER_VERSION = 9
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
@@ -152,9 +153,11 @@ def _bats(lines: list[str]) -> tuple[str, dict[int, str]]:
 # C/C++ macros tree-sitter cannot expand, where they break a definition's parse: attribute macros between `class`
 # and the class's name (`class ABSL_LOCKABLE Mutex {`, `struct FMT_EXPORT context {`), which make the grammar read
 # the class as a function named after the macro, and in C++ a line-leading attribute macro before a function's type
-# (`ABSL_MUST_USE_RESULT bool Foo(...)`). Blanked with spaces, so every byte and line keeps its place. Lines that
-# are only a macro (`ABSL_NAMESPACE_BEGIN`) are left alone: blanking them too cost nlohmann-json 0.06 NDCG@10 on
-# semble's tune half (its giant namespaces then split into members), bench/results/search_semble_tune.md.
+# (`ABSL_MUST_USE_RESULT bool Foo(...)`). Blanked with spaces, so every byte and line keeps its place. In C++ also
+# a line that is only a macro with no arguments (`NLOHMANN_JSON_NAMESPACE_BEGIN`, `FMT_BEGIN_NAMESPACE`,
+# `ABSL_NAMESPACE_BEGIN`): such a namespace-opening macro before `namespace detail {` made the grammar read the whole
+# file as one function named `namespace`, so nlohmann-json's `binary_reader` was no symbol at all. A macro with
+# arguments alone on its line (`TEST(Suite, Name)` above its body) is left alone.
 _MACRO = r"[A-Z][A-Z0-9_]{2,}(?:\([^()\n]*\))?"
 # the class's name follows: not `final` (`class RGB final {` names RGB), then a base list, template arguments, a
 # body's brace (not a brace initialiser `struct RGB_COLOR c{1, 2, 3};`) or the end of the line
@@ -171,6 +174,9 @@ _LEADING_ATTRIBUTE = re.compile(
 )
 
 
+_MACRO_LINE = re.compile(rb"^[ \t]*([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*;?[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
+
+
 def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
     out = bytearray(src)
     for m in pattern.finditer(src):
@@ -182,7 +188,7 @@ def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
 def without_macros(src: bytes, cpp: bool = True) -> bytes:
     """`src` with the macros that break C/C++ definitions blanked (same length, same lines)."""
     src = _blank(src, _CLASS_MACROS, 1)
-    return _blank(src, _LEADING_ATTRIBUTE, 1) if cpp else src
+    return _blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1) if cpp else src
 
 
 def chunk_text(text: str, language: str) -> list[Chunk]:

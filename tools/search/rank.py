@@ -144,6 +144,10 @@ class RankConfig:
     )
     definition: float = 1.0  # + this x top score when the chunk defines a named identifier
     compound: float = 0.0  # + this x top score when the chunk defines a name adjacent query words spell together
+    # x the definition boost for C++'s out-of-line `MemTable::MemTable(...)`: at 0.5, with the .cc file's other
+    # members around it (file coherence), it outranked the class in the header (bench/symbol_eval's shared-name set:
+    # 0.980 -> 0.990 NDCG@10 at 0.25 or 0; semble's tune half unchanged)
+    constructor: float = 0.25
     # x the definition boost when the identifier sits in a sentence ('how extractors implement FromRequest'): such
     # questions often want the module around the name, not its definition, and the symbol leg still ranks the
     # definition (semble tune half +0.006 NDCG@10 at 0; the labelled dev split unchanged)
@@ -152,7 +156,7 @@ class RankConfig:
     # cost natural-language queries 0.09-0.14 recall@5 (English words hit too many helper names); kept to measure
     name_match: float = 0.0
     stem: float = 0.5  # + this x top score x share of query words found in the file name / folder
-    named_file: float = 0.3  # symbol queries: + this x top score in a file named after the identifier (Request.swift)
+    named_file: float = 0.5  # symbol queries: + this x top score in a file named after the identifier (Request.swift)
     coherence: float = 0.6  # + this x top score x file's share of candidate score, on the file's best chunk
     mention: float = 0.8  # x for chunks that define nothing (module code, windows) when definitions compete
     path_penalty: float = 0.3  # x for tests, vendored, generated and example code
@@ -217,10 +221,11 @@ def defines(row: ChunkRow, identifiers: tuple[str, ...]) -> bool:
     return definition_strength(row, identifiers) > 0
 
 
-def definition_strength(row: ChunkRow, identifiers: tuple[str, ...]) -> float:
+def definition_strength(row: ChunkRow, identifiers: tuple[str, ...], constructor: float = 0.5) -> float:
     """1 for the named symbol's definition; less for a weaker one: a name that matches only in another case when the
-    query wrote capitals (`Timeout` asks for the class, not the `timeout` method), and an impl/extension block
-    (Swift's `extension Request` in many files, the type itself in one). 0 when the chunk defines none."""
+    query wrote capitals (`Timeout` asks for the class, not the `timeout` method), an impl/extension block (Swift's
+    `extension Request` in many files, the type itself in one) and a C++ out-of-line constructor (`constructor`).
+    0 when the chunk defines none."""
     if row.kind not in DEFINITION_KINDS and row.kind not in ("window", "module"):
         return 0.0
     sym = row.symbol or ""
@@ -230,7 +235,7 @@ def definition_strength(row: ChunkRow, identifiers: tuple[str, ...]) -> float:
         last = re.split(r"\.|::|->", ident)[-1]
         if sym and (sym.lower() == ident.lower() or sym_last.lower() == last.lower()):
             exact = sym == ident or sym_last == last or last.islower()
-            best = max(best, 0.5 if not exact or _constructor(row, last) else 1.0)
+            best = max(best, constructor if _constructor(row, last) else 0.5 if not exact else 1.0)
             continue
         pattern = rf"\b{_DEF_KEYWORDS}\s+(?:\([^)]*\)\s*)?{re.escape(last)}\b|\b{re.escape(last)}\s*[:=]\s*function\b"
         if len(last) > 2 and re.search(pattern, row.text):
@@ -304,7 +309,9 @@ def rerank(
     for s in out:
         r = rows[s.id]
         bonus = 0.0
-        strength = definition_strength(r, profile.identifiers) if cfg.definition and profile.identifiers else 0.0
+        strength = (
+            definition_strength(r, profile.identifiers, cfg.constructor) if cfg.definition and profile.identifiers else 0
+        )
         if strength:
             bonus += cfg.definition * top * strength * (cfg.definition_in_sentence if profile.kind == "mixed" else 1.0)
         elif cfg.compound and r.symbol and r.symbol.lower() in profile.compounds:

@@ -1,0 +1,89 @@
+"""Replay gpubox's ranking stage with variants on bench/symbol_eval's query sets (issue #22).
+
+    .venv/bin/python bench/symbol_eval/replay.py [--set once,shared] [--corpora /tmp/cppcorp]
+
+Needs the indexes run.py built ($SYMBOL_EVAL_STATE, default /tmp/symbol_eval_state). Each leg is queried once per
+query through gpubox's own code (cached in the state dir), then fusion and the ranking rules are replayed for each
+configuration of bench/semble_eval/tune.py's `configs()`, scored with the port of semble's scorer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "semble_eval"))
+
+from score import parse_query, score_query  # noqa: E402
+from tune import configs  # noqa: E402
+
+from gpubox.settings import Settings  # noqa: E402
+from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
+from gpubox.tools.search.rank import RankConfig, classify  # noqa: E402
+from gpubox.tools.search.service import SearchService  # noqa: E402
+from gpubox.tools.search.store import IndexStore  # noqa: E402
+
+from run import STATE  # noqa: E402
+
+FOLDERS = {"once": "annotations", "shared": "annotations_shared"}
+Data = list[tuple[str, str, dict[str, Any], IndexStore, dict[str, list[tuple[int, float]]]]]
+
+
+def collect(sets: list[str], corpora: Path) -> Data:
+    cache = STATE / "legs_symbol_eval.json"
+    saved: dict[str, Any] = json.loads(cache.read_text()) if cache.is_file() else {}
+    svc: SearchService | None = None
+    out: Data = []
+    for repo in [r["name"] for r in json.loads((HERE / "sources.json").read_text())["repos"]]:
+        name = repo.replace("+", "--")
+        if not (STATE / "search" / name / "index.sqlite").is_file():
+            continue
+        store = IndexStore(STATE / "search" / name)
+        for qset in sets:
+            path = HERE / FOLDERS[qset] / f"{repo}.json"
+            for i, item in enumerate(json.loads(path.read_text()) if path.is_file() else []):
+                key = f"{repo}#{item['query']}"
+                if key not in saved:
+                    svc = svc or SearchService(Settings.load(state_dir=STATE, allowed_roots=[corpora]))
+                    index = svc._faiss_index(name, store)  # the bench replays the service's own legs
+                    vec = svc.embedder.encode_query(item["query"])
+                    found = legs(store, index, lambda v=vec: v, item["query"], "hybrid", 50, None, classify(item["query"]))
+                    saved[key] = {leg: [[c, float(s)] for c, s in items] for leg, items in found.items()}
+                lists = {leg: [(int(c), float(s)) for c, s in v] for leg, v in saved[key].items()}
+                out.append((qset, repo, {**item, "_index": i}, store, lists))
+    cache.write_text(json.dumps(saved))
+    return out
+
+
+def evaluate(cfg: RankConfig, data: Data) -> dict[str, float]:
+    per: dict[tuple[str, str], list[float]] = {}
+    for qset, repo, item, store, lists in data:
+        ranked = rank_lists(store, lists, classify(item["query"]), cfg)[:10]
+        chunks = store.chunks([r.id for r in ranked])
+        hits = [(chunks[r.id].path, chunks[r.id].start_line, chunks[r.id].end_line) for r in ranked if r.id in chunks]
+        per.setdefault((qset, repo), []).append(score_query(hits, parse_query(item, repo, item["_index"]))["ndcg10"])
+    means: dict[str, float] = {}
+    for qset in sorted({q for q, _ in per}):
+        repos = [sum(v) / len(v) for (q, _), v in per.items() if q == qset]
+        means[qset] = sum(repos) / len(repos)
+    return means
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", type=lambda s: s.split(","), default=["once", "shared"])
+    ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
+    args = ap.parse_args()
+    data = collect(args.set, args.corpora)
+    print("| configuration | " + " | ".join(args.set) + " |\n|---|" + "---|" * len(args.set))
+    for label, cfg in configs().items():
+        m = evaluate(cfg, data)
+        print(f"| {label} | " + " | ".join(f"{m.get(s, float('nan')):.3f}" for s in args.set) + " |")
+
+
+if __name__ == "__main__":
+    main()
