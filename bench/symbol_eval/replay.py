@@ -18,6 +18,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "semble_eval"))
 
+from run import STATE  # noqa: E402
 from score import parse_query, score_query  # noqa: E402
 from tune import configs  # noqa: E402
 
@@ -26,8 +27,6 @@ from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
 from gpubox.tools.search.rank import RankConfig, classify  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
-
-from run import STATE  # noqa: E402
 
 FOLDERS = {"once": "annotations", "shared": "annotations_shared"}
 Data = list[tuple[str, str, dict[str, Any], IndexStore, dict[str, list[tuple[int, float]]]]]
@@ -51,7 +50,9 @@ def collect(sets: list[str], corpora: Path) -> Data:
                     svc = svc or SearchService(Settings.load(state_dir=STATE, allowed_roots=[corpora]))
                     index = svc._faiss_index(name, store)  # the bench replays the service's own legs
                     vec = svc.embedder.encode_query(item["query"])
-                    found = legs(store, index, lambda v=vec: v, item["query"], "hybrid", 50, None, classify(item["query"]))
+                    found = legs(
+                        store, index, lambda v=vec: v, item["query"], "hybrid", 50, None, classify(item["query"])
+                    )
                     saved[key] = {leg: [[c, float(s)] for c, s in items] for leg, items in found.items()}
                 lists = {leg: [(int(c), float(s)) for c, s in v] for leg, v in saved[key].items()}
                 out.append((qset, repo, {**item, "_index": i}, store, lists))

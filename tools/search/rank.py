@@ -309,9 +309,8 @@ def rerank(
     for s in out:
         r = rows[s.id]
         bonus = 0.0
-        strength = (
-            definition_strength(r, profile.identifiers, cfg.constructor) if cfg.definition and profile.identifiers else 0
-        )
+        named = cfg.definition and profile.identifiers
+        strength = definition_strength(r, profile.identifiers, cfg.constructor) if named else 0.0
         if strength:
             bonus += cfg.definition * top * strength * (cfg.definition_in_sentence if profile.kind == "mixed" else 1.0)
         elif cfg.compound and r.symbol and r.symbol.lower() in profile.compounds:
