@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,31 @@ from gpubox.tools.search.rank import RankConfig, classify  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 
-FOLDERS = {"once": "annotations", "shared": "annotations_shared"}
+FOLDERS = {"once": "annotations", "shared": "annotations_shared", "dressed": "annotations", "undressed": "annotations"}
+GENERIC = (".java", ".cs", ".ts", ".kt", ".swift", ".scala", ".rs", ".h", ".hpp", ".cc", ".cpp")
+PHP_NAMESPACE = re.compile(r"^namespace\s+([\w\\]+)\s*;", re.MULTILINE)
+
+
+def dress(name: str, target: Path) -> str | None:
+    """The once-set name as a developer may write it: a type with generic arguments (`Node<T>`) where the
+    language has them, a PHP class with its namespace (`League\\Flysystem\\Filesystem`); None when neither fits."""
+    if target.suffix == ".php":
+        m = PHP_NAMESPACE.search(target.read_text(errors="replace"))
+        return f"{m.group(1)}\\{name}" if m else None
+    return f"{name}<T>" if target.suffix in GENERIC and name[:1].isupper() else None
+
+
+def _items(qset: str, repo: str, corpora: Path) -> list[dict[str, Any]]:
+    path = HERE / FOLDERS[qset] / f"{repo}.json"
+    items = json.loads(path.read_text()) if path.is_file() else []
+    if qset not in ("dressed", "undressed"):
+        return items
+    out = []
+    for item in items:  # the once-set names that dress() can dress: as dressed, or as they are to compare
+        dressed = dress(item["query"], corpora / repo / item["relevant"][0])
+        if dressed:
+            out.append({**item, "query": dressed} if qset == "dressed" else item)
+    return out
 Data = list[tuple[str, str, dict[str, Any], IndexStore, dict[str, list[tuple[int, float]]]]]
 
 
@@ -43,8 +68,7 @@ def collect(sets: list[str], corpora: Path) -> Data:
             continue
         store = IndexStore(STATE / "search" / name)
         for qset in sets:
-            path = HERE / FOLDERS[qset] / f"{repo}.json"
-            for i, item in enumerate(json.loads(path.read_text()) if path.is_file() else []):
+            for i, item in enumerate(_items(qset, repo, corpora)):
                 key = f"{repo}#{item['query']}"
                 if key not in saved:
                     svc = svc or SearchService(Settings.load(state_dir=STATE, allowed_roots=[corpora]))
@@ -76,7 +100,7 @@ def evaluate(cfg: RankConfig, data: Data) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", type=lambda s: s.split(","), default=["once", "shared"])
+    ap.add_argument("--set", type=lambda s: s.split(","), default=["once", "shared", "dressed", "undressed"])
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
     args = ap.parse_args()
     data = collect(args.set, args.corpora)

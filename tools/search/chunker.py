@@ -172,8 +172,6 @@ _LEADING_ATTRIBUTE = re.compile(
     rb"(?=(?!(?:const|volatile|__\w+)\b)[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?(?:\w+::)*~?\w+[ \t]*\()",
     re.MULTILINE,
 )
-
-
 _MACRO_LINE = re.compile(rb"^[ \t]*([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*;?[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
 
 

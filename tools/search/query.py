@@ -13,7 +13,7 @@ from typing import Any
 
 from gpubox.tools.search import vectors
 from gpubox.tools.search.paths import superseded_dirs
-from gpubox.tools.search.rank import DEFAULT, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
+from gpubox.tools.search.rank import DEFAULT, QUALIFIER, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
 from gpubox.tools.search.store import IndexStore, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
@@ -167,7 +167,7 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
     db = store.connect()
     out: list[int] = []
     for ident in identifiers:
-        name = re.split(r"\.|::|->", ident)[-1]
+        name = re.split(QUALIFIER, ident)[-1]
         if len(name) < 3:
             continue
         rows = db.execute(

@@ -19,9 +19,13 @@ from gpubox.tools.search.store import CAMEL, ChunkRow
 
 QueryKind = Literal["symbol", "mixed", "nl"]
 
-# A token that can only be code: snake_case, camelCase/PascalCase with an inner capital, dotted or :: paths, a
-# call `f()`. Plain words ("command", "Option", "UTC") are never identifiers inside a sentence.
-_TOKEN = re.compile(r"[A-Za-z_][\w]*(?:(?:\.|::|->)[A-Za-z_]\w*)*(?:\(\))?")
+# A token that can only be code: snake_case, camelCase/PascalCase with an inner capital, dotted, ::, -> or PHP's
+# backslash paths, a call `f()`; `$` is a letter (JavaScript's `$ZodType`). Plain words ("command", "Option",
+# "UTC") are never identifiers inside a sentence.
+QUALIFIER = r"\.|::|->|\\"  # what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger
+_TOKEN = re.compile(rf"[A-Za-z_$][\w$]*(?:(?:{QUALIFIER})[A-Za-z_$][\w$]*)*(?:\(\))?")
+# how a lone name is written around it: `@JsonProperty`, `\Monolog\Logger`, generic arguments `ZodType<T>`
+_NAME_DRESS = re.compile(r"^[@\\]+|<(?:[^<>]|<[^<>]*>)*>$")
 _SNAKE = re.compile(r"^_*[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+_*$|^_\w+$")
 _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
@@ -56,7 +60,8 @@ class QueryProfile:
 
 def is_identifier(token: str) -> bool:
     t = token.removesuffix("()")
-    return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or "." in t or "::" in t or "->" in t or t != token) and any(
+    qualified = any(q in t for q in (".", "::", "->", "\\"))
+    return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or qualified or t != token) and any(
         c.isalpha() for c in t
     )
 
@@ -71,8 +76,8 @@ def classify(query: str) -> QueryProfile:
     tokens = _TOKEN.findall(text)
     idents = [t.removesuffix("()") for t in tokens if is_identifier(t)]
     idents += [q for q in quoted if _TOKEN.fullmatch(q) and q not in idents]
-    bare = text.strip("`\"'").removesuffix("()")
-    if len(tokens) == 1 and _TOKEN.fullmatch(bare):
+    bare = _NAME_DRESS.sub("", text.strip("`\"'").removesuffix("()"))
+    if _TOKEN.fullmatch(bare):
         idents = [bare]
         kind: QueryKind = "symbol"
     else:
@@ -229,10 +234,10 @@ def definition_strength(row: ChunkRow, identifiers: tuple[str, ...], constructor
     if row.kind not in DEFINITION_KINDS and row.kind not in ("window", "module"):
         return 0.0
     sym = row.symbol or ""
-    sym_last = re.split(r"\.|::|->", sym)[-1]  # Ecto.Query, Foo::Bar: the name is the last part
+    sym_last = re.split(QUALIFIER, sym)[-1]  # Ecto.Query, Foo::Bar: the name is the last part
     best = 0.0
     for ident in identifiers:
-        last = re.split(r"\.|::|->", ident)[-1]
+        last = re.split(QUALIFIER, ident)[-1]
         if sym and (sym.lower() == ident.lower() or sym_last.lower() == last.lower()):
             exact = sym == ident or sym_last == last or last.islower()
             best = max(best, constructor if _constructor(row, last) else 0.5 if not exact else 1.0)
@@ -255,7 +260,7 @@ def _constructor(row: ChunkRow, name: str) -> bool:
 def named_file(path: str, identifiers: tuple[str, ...]) -> bool:
     """The file is named after an identifier the query names (Request.swift, changeset.ex for `Changeset`)."""
     stem = path.replace("\\", "/").rsplit("/", 1)[-1].split(".")[0].lower().lstrip("_")
-    return any(re.split(r"\.|::|->", i)[-1].lower() == stem for i in identifiers)
+    return any(re.split(QUALIFIER, i)[-1].lower() == stem for i in identifiers)
 
 
 def name_share(symbol: str, words: tuple[str, ...]) -> float:
