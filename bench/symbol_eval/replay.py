@@ -54,6 +54,8 @@ def _items(qset: str, repo: str, corpora: Path) -> list[dict[str, Any]]:
         if dressed:
             out.append({**item, "query": dressed} if qset == "dressed" else item)
     return out
+
+
 Data = list[tuple[str, str, dict[str, Any], IndexStore, dict[str, list[tuple[int, float]]]]]
 
 

@@ -430,6 +430,10 @@ def test_the_class_in_the_header_outranks_its_out_of_line_constructor_and_the_cc
         ("Monolog\\Logger", "Monolog\\Logger"),  # PHP's namespace separator
         ("\\League\\Flysystem\\Filesystem", "League\\Flysystem\\Filesystem"),
         ("$ZodType", "$ZodType"),  # `$` is a letter in JavaScript names
+        ("Foo<T>::bar", "Foo::bar"),
+        ("Rack::Request#params", "Rack::Request#params"),  # Ruby's and Javadoc's instance-method notation
+        ("Plug.Conn.put_status/2", "Plug.Conn.put_status"),  # Elixir's arity
+        ("parse(input)", "parse"),  # a call as written
     ],
 )
 def test_a_lone_name_written_as_code_is_a_symbol_query(query: str, identifier: str) -> None:
@@ -447,3 +451,4 @@ def test_a_php_qualified_name_finds_its_class_by_the_last_part() -> None:
     assert definition_strength(cls, classify("Monolog\\Logger").identifiers) == 1.0
     assert classify("where is Monolog\\Logger created").identifiers == ("Monolog\\Logger",)
     assert classify("a < b and c > d").kind == "nl"
+    assert classify("issue #22 fix").kind == "nl" and classify("#include").kind == "nl"

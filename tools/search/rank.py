@@ -22,10 +22,12 @@ QueryKind = Literal["symbol", "mixed", "nl"]
 # A token that can only be code: snake_case, camelCase/PascalCase with an inner capital, dotted, ::, -> or PHP's
 # backslash paths, a call `f()`; `$` is a letter (JavaScript's `$ZodType`). Plain words ("command", "Option",
 # "UTC") are never identifiers inside a sentence.
-QUALIFIER = r"\.|::|->|\\"  # what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger
+# what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger, Ruby's and Javadoc's Foo#bar
+QUALIFIER = r"\.|::|->|\\|#"
 _TOKEN = re.compile(rf"[A-Za-z_$][\w$]*(?:(?:{QUALIFIER})[A-Za-z_$][\w$]*)*(?:\(\))?")
-# how a lone name is written around it: `@JsonProperty`, `\Monolog\Logger`, generic arguments `ZodType<T>`
-_NAME_DRESS = re.compile(r"^[@\\]+|<(?:[^<>]|<[^<>]*>)*>$")
+# how a lone name is written around it: `@JsonProperty`, `\Monolog\Logger`, generic arguments (`ZodType<T>`,
+# `Foo<T>::bar`), a call's arguments (`parse(input)`), Elixir's arity (`Plug.Conn.put_status/2`)
+_NAME_DRESS = re.compile(r"^[@\\]+|<(?:[^<>]|<[^<>]*>)*>|\([^()]*\)$|/\d+$")
 _SNAKE = re.compile(r"^_*[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+_*$|^_\w+$")
 _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
@@ -60,10 +62,8 @@ class QueryProfile:
 
 def is_identifier(token: str) -> bool:
     t = token.removesuffix("()")
-    qualified = any(q in t for q in (".", "::", "->", "\\"))
-    return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or qualified or t != token) and any(
-        c.isalpha() for c in t
-    )
+    qualified = any(q in t for q in (".", "::", "->", "\\", "#"))
+    return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or qualified or t != token) and any(c.isalpha() for c in t)
 
 
 def classify(query: str) -> QueryProfile:
