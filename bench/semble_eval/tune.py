@@ -91,6 +91,9 @@ def configs() -> dict[str, RankConfig]:
     # C++'s out-of-line constructor (`MemTable::MemTable(` in the .cc) beside the class in the header
     for c in (0.0, 0.25, 1.0):
         out[f"out-of-line constructor x{c}"] = replace(d, constructor=c)
+    # a name defined outside the index: the chunk that re-exports it (axum's `pub use axum_core::...::FromRequest`)
+    for x in (0.0, 0.5, 2.0):
+        out[f"re-export x{x}"] = replace(d, reexport=x)
     return out
 
 

@@ -157,7 +157,7 @@ def test_words_that_spell_a_type_name_find_the_type(store: IndexStore, rows: dic
 
 
 def test_compound_names_stay_inside_a_phrase_and_leave_written_names_alone() -> None:
-    from gpubox.tools.search.rank import MAX_COMPOUNDS, compound_names
+    from gpubox.tools.search.compounds import MAX_COMPOUNDS, compound_names
 
     names = compound_names("handler for log rotation", "nl", ())
     assert "logrotation" in names and "log_rotation" in names and "handlerlog" not in names  # not across 'for'

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.tools.search import vectors
+from gpubox.tools.search.compounds import STOPWORDS
 from gpubox.tools.search.paths import superseded_dirs
-from gpubox.tools.search.rank import DEFAULT, QUALIFIER, STOPWORDS, QueryProfile, RankConfig, classify, fuse, rerank
-from gpubox.tools.search.store import IndexStore, split_identifiers
+from gpubox.tools.search.rank import DEFAULT, QueryProfile, RankConfig, classify, fuse, rerank
+from gpubox.tools.search.store import QUALIFIER, IndexStore, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
 COMPOUND_KINDS = ("class", "struct", "interface", "type", "enum", "trait", "module", "impl")
@@ -180,7 +181,7 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
 
 
 def compounds(store: IndexStore, names: tuple[str, ...], n: int, allowed: set[int] | None) -> list[int]:
-    """Types named by words the query spells apart (rank.compound_names: 'JSON element' finds JsonElement, 'type
+    """Types named by words the query spells apart (compounds.compound_names: 'JSON element' finds JsonElement, 'type
     adapter factories' TypeAdapterFactory): one indexed case-insensitive lookup per name, the more specific names
     first. Types only: with functions too ('ssh agent' -> a helper sshagent) semble's tune half gained less."""
     db = store.connect()

@@ -14,16 +14,16 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gpubox.tools.search.compounds import STOPWORDS, compound_names
+from gpubox.tools.search.exports import reexports
 from gpubox.tools.search.paths import path_penalty, under
-from gpubox.tools.search.store import CAMEL, ChunkRow
+from gpubox.tools.search.store import CAMEL, QUALIFIER, ChunkRow
 
 QueryKind = Literal["symbol", "mixed", "nl"]
 
 # A token that can only be code: snake_case, camelCase/PascalCase with an inner capital, dotted, ::, -> or PHP's
 # backslash paths, a call `f()`; `$` is a letter (JavaScript's `$ZodType`). Plain words ("command", "Option",
 # "UTC") are never identifiers inside a sentence.
-# what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger, Ruby's and Javadoc's Foo#bar
-QUALIFIER = r"\.|::|->|\\|#"
 _TOKEN = re.compile(rf"[A-Za-z_$][\w$]*(?:(?:{QUALIFIER})[A-Za-z_$][\w$]*)*(?:\(\))?")
 # how a lone name is written around it: `@JsonProperty`, `\Monolog\Logger`, generic arguments (`ZodType<T>`,
 # `Foo<T>::bar`), a call's arguments (`parse(input)`), Elixir's arity (`Plug.Conn.put_status/2`)
@@ -33,15 +33,6 @@ _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _VERSION_WORD = re.compile(r"v\d+")  # 'v1' is a word: it names a folder (paths.superseded_dirs)
-# a word, or what ends a run of words for compound_names: punctuation other than a hyphen, or a line break
-_RUN_TOKEN = re.compile(r"\w+|[^\w\s'-]+|\n")
-MAX_COMPOUNDS = 48  # names looked up per query (one indexed lookup each): a 2,000-character query stays cheap
-_STOP = (
-    "a an and are as at be by can do does for from has have how if in into is it its it's not of on or over so "
-    "such than that the their them then there these this those through to was what when where which while who "
-    "whose why will with without would should could one any all each every only until"
-)
-STOPWORDS = frozenset(_STOP.split())
 DEFINITION_KINDS = frozenset(
     {"function", "method", "class", "type", "struct", "enum", "trait", "interface", "impl", "macro", "module"}
 )
@@ -92,45 +83,6 @@ def classify(query: str) -> QueryProfile:
     return QueryProfile(kind, identifiers, tuple(words), compound_names(text, kind, identifiers))
 
 
-def _singulars(word: str) -> list[str]:
-    out = [word]
-    if word.endswith("ies") and len(word) > 4:
-        out.append(word[:-3] + "y")  # factories -> factory (cookies -> cookie below)
-    elif word.endswith(("ses", "xes", "ches", "shes")):
-        out.append(word[:-2])  # classes -> class (cases, caches, responses -> case, cache, response below)
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
-        out.append(word[:-1])  # handlers -> handler
-    return out
-
-
-def compound_names(text: str, kind: QueryKind, identifiers: tuple[str, ...]) -> tuple[str, ...]:
-    """Identifiers that two or three adjacent words of a sentence spell together: 'JSON element' -> jsonelement
-    (JsonElement), 'type adapter factories' -> typeadapterfactory, 'spawn blocking' -> spawn_blocking. Never across a
-    stopword; three-word names first (the more specific); names the query already writes as identifiers are left to
-    the symbol leg. Looked up case-insensitively by query.compounds."""
-    if kind == "symbol":
-        return ()
-    runs: list[list[str]] = [[]]
-    for m in _RUN_TOKEN.finditer(text):
-        w = m.group().lower()
-        if w.isascii() and w.isalnum() and w[0].isalpha() and len(w) > 1 and w not in STOPWORDS:
-            runs[-1].append(w)
-        else:  # a stopword, punctuation, a line break, a number, a snake_case name, a non-ASCII word
-            runs.append([])
-    written = {i.lower().replace("_", "") for i in identifiers}
-    by_length: dict[int, list[str]] = {3: [], 2: []}
-    for n, names in by_length.items():
-        for run in runs:
-            for i in range(len(run) - n + 1):
-                head = run[i : i + n - 1]
-                for last in _singulars(run[i + n - 1]):
-                    if "".join(head) + last not in written:
-                        names += ["".join(head) + last, "_".join([*head, last])]
-    # three-word names first, but never more than a third of the budget: a long query keeps its two-word names
-    three = list(dict.fromkeys(by_length[3]))[: MAX_COMPOUNDS // 3]
-    return tuple(dict.fromkeys(three + by_length[2]))[:MAX_COMPOUNDS]
-
-
 @dataclass(frozen=True)
 class RankConfig:
     """Weights of the fusion and of each rule; `replace(DEFAULT, rule=0)` switches a rule off (the ablation)."""
@@ -153,6 +105,9 @@ class RankConfig:
     # members around it (file coherence), it outranked the class in the header (bench/symbol_eval's shared-name set:
     # 0.980 -> 0.990 NDCG@10 at 0.25 or 0; semble's tune half unchanged)
     constructor: float = 0.25
+    # + this x top score on a chunk that re-exports the name a symbol query asks for, when no candidate defines it
+    # (exports.reexports: axum's `pub use axum_core::extract::FromRequest`)
+    reexport: float = 1.0
     # x the definition boost when the identifier sits in a sentence ('how extractors implement FromRequest'): such
     # questions often want the module around the name, not its definition, and the symbol leg still ranks the
     # definition (semble tune half +0.006 NDCG@10 at 0; the labelled dev split unchanged)
@@ -311,11 +266,13 @@ def rerank(
     any_def = any(rows[s.id].kind in DEFINITION_KINDS for s in out)
     asks_prose = cfg.prose == 1.0 or any(w in PROSE_WORDS for w in profile.words)
     stems: dict[str, float] = {}  # per file, not per chunk: ~100 candidates share a handful of paths
+    defined = False
     for s in out:
         r = rows[s.id]
         bonus = 0.0
         named = cfg.definition and profile.identifiers
         strength = definition_strength(r, profile.identifiers, cfg.constructor) if named else 0.0
+        defined = defined or strength > 0
         if strength:
             bonus += cfg.definition * top * strength * (cfg.definition_in_sentence if profile.kind == "mixed" else 1.0)
         elif cfg.compound and r.symbol and r.symbol.lower() in profile.compounds:
@@ -338,6 +295,9 @@ def rerank(
             s.score *= cfg.superseded
         if r.language in PROSE_LANGUAGES and not asks_prose:
             s.score *= cfg.prose
+    if cfg.reexport and profile.kind == "symbol" and not defined:  # defined outside the index: its re-export
+        for s in out:
+            s.score += cfg.reexport * top if reexports(rows[s.id], profile.identifiers) else 0.0
     if cfg.coherence:
         per_file: dict[str, float] = {}
         best: dict[str, Scored] = {}

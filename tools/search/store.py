@@ -40,6 +40,8 @@ CREATE VIRTUAL TABLE IF NOT EXISTS chunks_vocab USING fts5vocab(chunks_fts, row)
 """
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger, Ruby's and Javadoc's Foo#bar
+QUALIFIER = r"\.|::|->|\\|#"
 CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 
 

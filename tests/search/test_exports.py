@@ -1,0 +1,70 @@
+"""The re-export rule: a name defined outside the index is found where the package hands it out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpubox.tools.search.exports import reexports
+from gpubox.tools.search.rank import DEFAULT, Scored, classify, rerank
+from gpubox.tools.search.store import ChunkRow
+
+
+def _row(i: int, path: str, language: str, text: str, symbol: str | None = None, kind: str = "module") -> ChunkRow:
+    return ChunkRow(i, path, 1, text.count("\n") + 1, symbol, kind, language, text)
+
+
+@pytest.mark.parametrize(
+    ("path", "language", "text"),
+    [
+        (
+            "src/extract/mod.rs",
+            "rust",
+            "pub use axum_core::extract::{\n    FromRef, FromRequest, FromRequestParts,\n};",
+        ),
+        ("src/lib.rs", "rust", "pub(crate) use crate::inner::FromRequest;"),
+        ("src/index.ts", "typescript", 'export { FromRequest, Other as O } from "./core";'),
+        ("src/index.ts", "typescript", 'export type {\n  FromRequest,\n} from "./types";'),
+        ("pkg/__init__.py", "python", "from .core import (\n    Other,\n    FromRequest,\n)"),
+        ("pkg/__init__.py", "python", "from pkg.core import FromRequest as FromRequest"),
+        ("api.go", "go", "type FromRequest = core.FromRequest"),
+        ("Api.kt", "kotlin", "public typealias FromRequest = io.core.FromRequest"),
+    ],
+)
+def test_re_exports_in_each_language_family(path: str, language: str, text: str) -> None:
+    assert reexports(_row(1, path, language, text), classify("FromRequest").identifiers)
+    assert not reexports(_row(1, path, language, text), classify("FromRequestParts2").identifiers)
+
+
+@pytest.mark.parametrize(
+    ("path", "language", "text"),
+    [
+        ("src/handler.rs", "rust", "use axum_core::extract::FromRequest;"),  # an import, not a re-export
+        ("pkg/views.py", "python", "from pkg.core import FromRequest"),  # any module imports what it uses
+        ("src/a.ts", "typescript", 'import { FromRequest } from "./core";'),
+        ("api.go", "go", "type FromRequest = core.Other"),  # an alias to another name
+    ],
+)
+def test_imports_and_other_aliases_are_no_re_exports(path: str, language: str, text: str) -> None:
+    assert not reexports(_row(1, path, language, text), classify("FromRequest").identifiers)
+
+
+def test_the_re_export_leads_only_when_nothing_in_the_index_defines_the_name() -> None:
+    # axum's FromRequest is defined in axum-core; usage sites outranked extract/mod.rs, which re-exports it
+    profile = classify("FromRequest")
+    usage = _row(1, "src/json.rs", "rust", "impl<S> FromRequest<S> for Json<T> {\n    type Rejection = R;\n}")
+    usage = replace(usage, symbol="Json", kind="impl")
+    reexport = _row(2, "src/extract/mod.rs", "rust", "mod rejection;\npub use axum_core::extract::{FromRequest};")
+    rows = {1: usage, 2: reexport}
+    fused = [Scored(1, 0.09, ["lexical"]), Scored(2, 0.05, ["lexical"])]
+    assert rerank(fused, rows, profile)[0].id == 2
+    assert rerank(fused, rows, profile, replace(DEFAULT, reexport=0))[0].id == 1  # the rule is what decides
+    defined = _row(3, "src/from_request.rs", "rust", "pub trait FromRequest<S> {}", "FromRequest", "trait")
+    rows[3] = defined
+    with_def = [*fused, Scored(3, 0.04, ["symbol"])]
+    ranked = rerank(with_def, rows, profile)
+    assert ranked[0].id == 3  # the definition, once the index has it, and no re-export bonus then:
+    assert [(s.id, s.score) for s in ranked] == [
+        (s.id, s.score) for s in rerank(with_def, rows, profile, replace(DEFAULT, reexport=0))
+    ]
