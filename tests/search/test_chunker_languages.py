@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubox.tools.search.chunker import MAX_LINES, Chunk, chunk_text
+from gpubox.tools.search.chunker import MAX_LINES, Chunk, chunk_text, first_branch
 from gpubox.tools.search.walker import language_of, refine_language
 
 CSHARP = """\
@@ -937,3 +937,38 @@ def test_a_brace_initialiser_is_no_class_head_and_nested_templates_stay_whole() 
 
 def test_a_long_line_of_macro_like_words_is_chunked_in_linear_time() -> None:
     chunk_text("A_B " * 200_000 + "\n", "cpp")  # backtracked quadratically before the repetition was bounded
+
+
+CSHARP_IF = """\
+namespace Newtonsoft.Json
+{
+    public abstract partial class JsonReader
+#if HAVE_ASYNC_DISPOSABLE
+        : IAsyncDisposable
+#endif
+    {
+        public bool Read()
+        {
+#if HAVE_SPAN
+            if (_span) {
+#else
+            if (_array) {
+#endif
+                return true;
+            }
+            return false;
+        }
+    }
+}
+"""
+
+
+def test_csharp_is_parsed_as_if_every_if_held() -> None:
+    # a directive inside the class head named the class after its condition (HAVE_ASYNC_DISPOSABLE); two branches
+    # that each open a block broke the braces of the method
+    chunks = chunk_text(CSHARP_IF, "csharp")
+    assert [(c.kind, c.symbol) for c in chunks] == [("class", "JsonReader")]
+    assert chunks[0].text.splitlines()[1] == "#if HAVE_ASYNC_DISPOSABLE"  # texts stay as written
+    assert first_branch(b"#if A\nint a;\n#elif B\nint b;\n#else\nint c;\n#endif\nint d;\n") == (
+        b"     \nint a;\n       \n      \n     \n      \n      \nint d;\n"
+    )

@@ -30,7 +30,8 @@ log = logging.getLogger("gpubox.search")
 # 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
 # 7: what a split namespace or module holds between its members is kept however short.
 # 8: ...but not a `#endif` or `end # module` alone, nor the lines of a member class split inside it.
-# 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing.
+# 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing; C# is
+#    parsed as if every `#if` held (first_branch).
 CHUNKER_VERSION = 9
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
@@ -183,6 +184,35 @@ def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
     return bytes(out)
 
 
+_DIRECTIVE = re.compile(rb"[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b")
+
+
+def first_branch(src: bytes) -> bytes:
+    """`src` as if every `#if` held: directive lines and `#elif`/`#else` branches blanked (same length, same lines).
+    A directive inside a declaration (C#'s `partial class JsonReader` / `#if HAVE_ASYNC_DISPOSABLE` / `: IAsync...`)
+    made the grammar name the class after the condition; two branches that each open a body broke the braces."""
+    out = bytearray(src)
+    skipping: list[bool] = []  # per open #if: is this line in a branch after the first
+    pos = 0
+    for line in src.splitlines(keepends=True):
+        m = _DIRECTIVE.match(line)
+        blank = any(skipping)
+        if m:
+            word = m.group(1)
+            if word in (b"if", b"ifdef", b"ifndef"):
+                skipping.append(False)
+            elif word in (b"elif", b"else") and skipping:
+                skipping[-1] = True
+            elif word == b"endif" and skipping:
+                skipping.pop()
+            blank = True
+        if blank:
+            end = len(line.rstrip(b"\r\n"))
+            out[pos : pos + end] = b" " * end
+        pos += len(line)
+    return bytes(out)
+
+
 def without_macros(src: bytes, cpp: bool = True) -> bytes:
     """`src` with the macros that break C/C++ definitions blanked (same length, same lines)."""
     src = _blank(src, _CLASS_MACROS, 1)
@@ -201,7 +231,10 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     if language == "bash" and any(line.lstrip().startswith("@test") for line in lines):
         text, labels = _bats(lines)
     src = text.encode()
-    tree = parser.parse(without_macros(src, language == "cpp") if language in ("c", "cpp") else src)
+    if language in ("c", "cpp"):
+        tree = parser.parse(without_macros(src, language == "cpp"))
+    else:
+        tree = parser.parse(first_branch(src) if language == "csharp" else src)
     containers = CONTAINERS | MEMBER_CONTAINERS.get(language, set())
     out: list[Chunk] = []
     covered = [False] * len(lines)
