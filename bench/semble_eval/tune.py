@@ -97,6 +97,12 @@ def configs() -> dict[str, RankConfig]:
     return out
 
 
+def index_stamp(store: IndexStore) -> str:
+    """When the index last changed: cached legs name chunk ids, which indexing again renumbers."""
+    row = store.connect().execute("SELECT value FROM meta WHERE key = 'updated'").fetchone()
+    return str(row[0]) if row else ""
+
+
 def collect(half: str, cache: Path) -> Data:
     """Every leg's candidates for every annotated query of the half's indexed repositories (cached)."""
     repos = [r for r in split_mod.repos_in(half) if (STATE / "search" / r / "index.sqlite").is_file()]
@@ -105,8 +111,9 @@ def collect(half: str, cache: Path) -> Data:
     out: Data = []
     for repo in repos:
         store = IndexStore(STATE / "search" / repo)
+        stamp = index_stamp(store)
         for i, item in enumerate(upstream.load_annotations(repo)):
-            key = f"{repo}#{i}"
+            key = f"{repo}#{i}@{stamp}"
             if key not in saved:
                 if svc is None:
                     svc = SearchService(Settings.load(state_dir=STATE, allowed_roots=[HERE / "corpora"]))

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent / "semble_eval"))
 
 from run import STATE  # noqa: E402
 from score import parse_query, score_query  # noqa: E402
-from tune import configs  # noqa: E402
+from tune import configs, index_stamp  # noqa: E402
 
 from gpubox.settings import Settings  # noqa: E402
 from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
@@ -69,9 +69,10 @@ def collect(sets: list[str], corpora: Path) -> Data:
         if not (STATE / "search" / name / "index.sqlite").is_file():
             continue
         store = IndexStore(STATE / "search" / name)
+        stamp = index_stamp(store)
         for qset in sets:
             for i, item in enumerate(_items(qset, repo, corpora)):
-                key = f"{repo}#{item['query']}"
+                key = f"{repo}#{item['query']}@{stamp}"
                 if key not in saved:
                     svc = svc or SearchService(Settings.load(state_dir=STATE, allowed_roots=[corpora]))
                     index = svc._faiss_index(name, store)  # the bench replays the service's own legs

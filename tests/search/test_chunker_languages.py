@@ -972,3 +972,20 @@ def test_csharp_is_parsed_as_if_every_if_held() -> None:
     assert first_branch(b"#if A\nint a;\n#elif B\nint b;\n#else\nint c;\n#endif\nint d;\n") == (
         b"     \nint a;\n       \n      \n     \n      \n      \nint d;\n"
     )
+
+
+def test_a_long_blank_run_after_a_macro_name_is_chunked_in_linear_time() -> None:
+    chunk_text("int f() { return 1; }\nFOO_BAR" + " " * 40_000 + "= 1;\n", "cpp")  # quadratic before
+    chunk_text("FOO_BAR" + " \t" * 20_000 + "\n", "cpp")
+
+
+def test_a_csharp_definition_in_an_else_branch_is_kept_when_the_file_parses() -> None:
+    src = "#if NET20\nclass Stub {}\n#else\npublic class OnlyInElse\n{\n    void F() {}\n}\n#endif\n"
+    assert [c.symbol for c in chunk_text(src, "csharp")] == ["Stub", "OnlyInElse"]
+
+
+def test_a_constant_ending_an_expression_is_not_blanked_as_a_macro() -> None:
+    from gpubox.tools.search.chunker import without_macros
+
+    src = b"int f() {\n  return a +\n    SOME_CONSTANT;\n}\n"
+    assert without_macros(src) == src

@@ -44,6 +44,9 @@ def test_re_exports_in_each_language_family(path: str, language: str, text: str)
         ("pkg/views.py", "python", "from pkg.core import FromRequest"),  # any module imports what it uses
         ("src/a.ts", "typescript", 'import { FromRequest } from "./core";'),
         ("api.go", "go", "type FromRequest = core.Other"),  # an alias to another name
+        ("README.md", "markdown", "from mylib import FromRequest"),  # documentation shows imports
+        ("src/lib.rs", "rust", "pub use crate::FromRequest::Settings;"),  # a path segment, not the leaf
+        ("src/index.ts", "typescript", 'export { FromRequestParts } from "./core";'),
     ],
 )
 def test_imports_and_other_aliases_are_no_re_exports(path: str, language: str, text: str) -> None:
@@ -68,3 +71,18 @@ def test_the_re_export_leads_only_when_nothing_in_the_index_defines_the_name() -
     assert [(s.id, s.score) for s in ranked] == [
         (s.id, s.score) for s in rerank(with_def, rows, profile, replace(DEFAULT, reexport=0))
     ]
+
+
+def test_a_dollar_name_is_re_exported_and_a_constant_counts_as_defined() -> None:
+    from gpubox.tools.search.exports import assigns
+
+    row = _row(1, "src/index.ts", "typescript", 'export { $ZodType, ZodType } from "./schemas";')
+    assert reexports(row, classify("$ZodType").identifiers)
+    config = _row(2, "pkg/config.py", "python", "DEFAULT_TIMEOUT = 30\nOTHER: int = 1")
+    assert assigns(config, ("DEFAULT_TIMEOUT",)) and assigns(config, ("OTHER",))
+    assert not assigns(_row(3, "a.py", "python", "if DEFAULT_TIMEOUT == 30: pass"), ("DEFAULT_TIMEOUT",))
+    init = _row(4, "pkg/__init__.py", "python", "from .config import DEFAULT_TIMEOUT")
+    profile = classify("DEFAULT_TIMEOUT")
+    fused = [Scored(2, 0.05, ["lexical"]), Scored(4, 0.05, ["lexical"])]
+    ranked = rerank(fused, {2: config, 4: init}, profile)
+    assert ranked == rerank(fused, {2: config, 4: init}, profile, replace(DEFAULT, reexport=0))  # no bonus

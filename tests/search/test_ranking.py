@@ -452,3 +452,8 @@ def test_a_php_qualified_name_finds_its_class_by_the_last_part() -> None:
     assert classify("where is Monolog\\Logger created").identifiers == ("Monolog\\Logger",)
     assert classify("a < b and c > d").kind == "nl"
     assert classify("issue #22 fix").kind == "nl" and classify("#include").kind == "nl"
+    # what only looks dressed: a pasted log line, a protocol version, a file path, a comparison
+    assert classify('logger.warning("Retrying request")').kind == "mixed"
+    assert classify("HTTP/2").kind == "nl" and classify("tokio/1").kind == "nl"
+    assert classify("src\\foo\\bar.py").kind != "symbol"
+    assert classify("a<b>c").kind == "nl"

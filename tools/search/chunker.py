@@ -30,8 +30,8 @@ log = logging.getLogger("gpubox.search")
 # 6: a C++ namespace is always split into its members; `typedef struct {...} name` is struct `name`.
 # 7: what a split namespace or module holds between its members is kept however short.
 # 8: ...but not a `#endif` or `end # module` alone, nor the lines of a member class split inside it.
-# 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing; C# is
-#    parsed as if every `#if` held (first_branch).
+# 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing; C# that
+#    does not parse is parsed again as if every `#if` held (first_branch).
 CHUNKER_VERSION = 9
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
@@ -173,7 +173,9 @@ _LEADING_ATTRIBUTE = re.compile(
     rb"(?=(?!(?:const|volatile|__\w+)\b)[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?(?:\w+::)*~?\w+[ \t]*\()",
     re.MULTILINE,
 )
-_MACRO_LINE = re.compile(rb"^[ \t]*([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*;?[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
+# no `;` after it: `SOME_CONSTANT;` ending an expression is no namespace macro (and one blank run, not two around
+# an optional character, keeps the match linear on a line of 40,000 spaces)
+_MACRO_LINE = re.compile(rb"^[ \t]*([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
 
 
 def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
@@ -219,6 +221,16 @@ def without_macros(src: bytes, cpp: bool = True) -> bytes:
     return _blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1) if cpp else src
 
 
+def _parse(parser: Any, src: bytes, language: str) -> Any:
+    """The syntax tree of `src`, read around what the grammar cannot (the byte offsets are the source's)."""
+    if language in ("c", "cpp"):
+        return parser.parse(without_macros(src, language == "cpp"))
+    tree = parser.parse(src)
+    if language == "csharp" and tree.root_node.has_error and b"#" in src:
+        tree = parser.parse(first_branch(src))  # only then: a definition written in an #else branch is kept
+    return tree
+
+
 def chunk_text(text: str, language: str) -> list[Chunk]:
     lines = text.splitlines()
     if not lines:
@@ -231,10 +243,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     if language == "bash" and any(line.lstrip().startswith("@test") for line in lines):
         text, labels = _bats(lines)
     src = text.encode()
-    if language in ("c", "cpp"):
-        tree = parser.parse(without_macros(src, language == "cpp"))
-    else:
-        tree = parser.parse(first_branch(src) if language == "csharp" else src)
+    tree = _parse(parser, src, language)
     containers = CONTAINERS | MEMBER_CONTAINERS.get(language, set())
     out: list[Chunk] = []
     covered = [False] * len(lines)

@@ -207,7 +207,7 @@ def _qualified(db: Any, name: str) -> list[int]:
     ).fetchall()
     found = []
     for i, sym in rows:
-        parts = re.split(r"\.|::", sym or "")
+        parts = re.split(QUALIFIER, sym or "")
         if len(parts) > 1 and parts[-1].lower() == name.lower():
             found.append((parts[-1] != name, i))  # exact case first
     return [i for _, i in sorted(found)]

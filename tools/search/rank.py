@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpubox.tools.search.compounds import STOPWORDS, compound_names
-from gpubox.tools.search.exports import reexports
+from gpubox.tools.search.exports import assigns, reexports
 from gpubox.tools.search.paths import path_penalty, under
 from gpubox.tools.search.store import CAMEL, QUALIFIER, ChunkRow
 
@@ -25,9 +25,12 @@ QueryKind = Literal["symbol", "mixed", "nl"]
 # backslash paths, a call `f()`; `$` is a letter (JavaScript's `$ZodType`). Plain words ("command", "Option",
 # "UTC") are never identifiers inside a sentence.
 _TOKEN = re.compile(rf"[A-Za-z_$][\w$]*(?:(?:{QUALIFIER})[A-Za-z_$][\w$]*)*(?:\(\))?")
-# how a lone name is written around it: `@JsonProperty`, `\Monolog\Logger`, generic arguments (`ZodType<T>`,
-# `Foo<T>::bar`), a call's arguments (`parse(input)`), Elixir's arity (`Plug.Conn.put_status/2`)
-_NAME_DRESS = re.compile(r"^[@\\]+|<(?:[^<>]|<[^<>]*>)*>|\([^()]*\)$|/\d+$")
+# how a lone name is written around it: `@JsonProperty`, `\\Monolog\\Logger`, generic arguments (`ZodType<T>`,
+# `Foo<T>::bar`), a call's plain arguments (`parse(input)`), Elixir's arity (`Plug.Conn.put_status/2`)
+_GENERICS = re.compile(r"<(?:[^<>]|<[^<>]*>)*>(?=$|::|\.|\(|\[)")
+_PLAIN_CALL = re.compile(r"\([^()\"'\s]*\)$")  # not `warning("Retrying request")`: a pasted line, not a name
+_ARITY = re.compile(r"(?<=[a-z0-9_])/\d+$")
+_FILE_PATH = re.compile(r"\\.*\.[A-Za-z0-9]{1,5}$")  # src\foo\bar.py is a file, not a PHP name
 _SNAKE = re.compile(r"^_*[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+_*$|^_\w+$")
 _INNER_CAP = re.compile(r"[a-z0-9][A-Z]")
 _QUOTED = re.compile(r"`([^`]+)`|\"([^\"]+)\"|'([^'\s][^']*[^'\s])'")
@@ -57,6 +60,15 @@ def is_identifier(token: str) -> bool:
     return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or qualified or t != token) and any(c.isalpha() for c in t)
 
 
+def _undress(text: str) -> str:
+    """A lone name without what is written around it (`_GENERICS` ...), or "" when it is a file path."""
+    bare = _GENERICS.sub("", text.strip("`\"'").removesuffix("()").lstrip("@\\"))
+    bare = _PLAIN_CALL.sub("", bare)
+    if "." in bare or "_" in bare:  # put_status/2, Plug.Conn.get/1; not HTTP/2 or tokio/1
+        bare = _ARITY.sub("", bare)
+    return "" if _FILE_PATH.search(bare) else bare
+
+
 def classify(query: str) -> QueryProfile:
     """'get_parameter_source' -> symbol; 'where is parseArgs called' -> mixed; 'format the help text' -> nl.
 
@@ -67,7 +79,7 @@ def classify(query: str) -> QueryProfile:
     tokens = _TOKEN.findall(text)
     idents = [t.removesuffix("()") for t in tokens if is_identifier(t)]
     idents += [q for q in quoted if _TOKEN.fullmatch(q) and q not in idents]
-    bare = _NAME_DRESS.sub("", text.strip("`\"'").removesuffix("()"))
+    bare = _undress(text)
     if _TOKEN.fullmatch(bare):
         idents = [bare]
         kind: QueryKind = "symbol"
@@ -295,9 +307,8 @@ def rerank(
             s.score *= cfg.superseded
         if r.language in PROSE_LANGUAGES and not asks_prose:
             s.score *= cfg.prose
-    if cfg.reexport and profile.kind == "symbol" and not defined:  # defined outside the index: its re-export
-        for s in out:
-            s.score += cfg.reexport * top if reexports(rows[s.id], profile.identifiers) else 0.0
+    if cfg.reexport and profile.kind == "symbol" and not defined:
+        _reexport_bonus(out, rows, profile.identifiers, cfg.reexport * top)
     if cfg.coherence:
         per_file: dict[str, float] = {}
         best: dict[str, Scored] = {}
@@ -315,6 +326,16 @@ def rerank(
     if cfg.saturation < 1.0:
         out = saturate(out, rows, cfg.saturation, cfg.saturation_after)
     return out
+
+
+def _reexport_bonus(out: list[Scored], rows: dict[int, ChunkRow], identifiers: tuple[str, ...], bonus: float) -> None:
+    """A name nothing among the candidates defines (exports.reexports): the chunks that re-export it get `bonus`,
+    unless some candidate binds it after all (a constant, `export const X = ...`)."""
+    if any(assigns(rows[s.id], identifiers) for s in out):
+        return
+    for s in out:
+        if reexports(rows[s.id], identifiers):
+            s.score += bonus
 
 
 def _older_copy(path: str, superseded: frozenset[str], profile: QueryProfile) -> bool:
