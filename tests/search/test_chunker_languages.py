@@ -977,6 +977,7 @@ def test_csharp_is_parsed_as_if_every_if_held() -> None:
 def test_a_long_blank_run_after_a_macro_name_is_chunked_in_linear_time() -> None:
     chunk_text("int f() { return 1; }\nFOO_BAR" + " " * 40_000 + "= 1;\n", "cpp")  # quadratic before
     chunk_text("FOO_BAR" + " \t" * 20_000 + "\n", "cpp")
+    first_branch(b"#if X\n" * 20_000)  # walked the whole #if stack on every line
 
 
 def test_a_csharp_definition_in_an_else_branch_is_kept_when_the_file_parses() -> None:
@@ -989,3 +990,5 @@ def test_a_constant_ending_an_expression_is_not_blanked_as_a_macro() -> None:
 
     src = b"int f() {\n  return a +\n    SOME_CONSTANT;\n}\n"
     assert without_macros(src) == src
+    enum = b"enum Color {\n  RED_A,\n  GREEN_B\n};\nint g() {\n  return a +\n    SOME_CONSTANT\n    ;\n}\n"
+    assert without_macros(enum) == enum  # indented: an enumerator or a value, not a namespace macro

@@ -24,6 +24,7 @@ def _row(i: int, path: str, language: str, text: str, symbol: str | None = None,
             "pub use axum_core::extract::{\n    FromRef, FromRequest, FromRequestParts,\n};",
         ),
         ("src/lib.rs", "rust", "pub(crate) use crate::inner::FromRequest;"),
+        ("src/lib.rs", "rust", "pub use crate::inner::Extractor as FromRequest;"),  # the name it exports
         ("src/index.ts", "typescript", 'export { FromRequest, Other as O } from "./core";'),
         ("src/index.ts", "typescript", 'export type {\n  FromRequest,\n} from "./types";'),
         ("pkg/__init__.py", "python", "from .core import (\n    Other,\n    FromRequest,\n)"),
@@ -34,7 +35,7 @@ def _row(i: int, path: str, language: str, text: str, symbol: str | None = None,
 )
 def test_re_exports_in_each_language_family(path: str, language: str, text: str) -> None:
     assert reexports(_row(1, path, language, text), classify("FromRequest").identifiers)
-    assert not reexports(_row(1, path, language, text), classify("FromRequestParts2").identifiers)
+    assert not reexports(_row(1, path, language, text), classify("FromReq").identifiers)  # in the text, not a name
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,8 @@ def test_the_re_export_leads_only_when_nothing_in_the_index_defines_the_name() -
     defined = _row(3, "src/from_request.rs", "rust", "pub trait FromRequest<S> {}", "FromRequest", "trait")
     rows[3] = defined
     with_def = [*fused, Scored(3, 0.04, ["symbol"])]
+    no_boost = replace(DEFAULT, definition=0)  # the ablation: a definition still turns the re-export rule off
+    assert rerank(with_def, rows, profile, no_boost) == rerank(with_def, rows, profile, replace(no_boost, reexport=0))
     ranked = rerank(with_def, rows, profile)
     assert ranked[0].id == 3  # the definition, once the index has it, and no re-export bonus then:
     assert [(s.id, s.score) for s in ranked] == [
@@ -86,3 +89,25 @@ def test_a_dollar_name_is_re_exported_and_a_constant_counts_as_defined() -> None
     fused = [Scored(2, 0.05, ["lexical"]), Scored(4, 0.05, ["lexical"])]
     ranked = rerank(fused, {2: config, 4: init}, profile)
     assert ranked == rerank(fused, {2: config, 4: init}, profile, replace(DEFAULT, reexport=0))  # no bonus
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pub use " * 6250 + "abc",
+        "pub use \n" * 6000 + "abc",
+        "pub use a::{," + " " * 50_000 + "abd abc",
+        "export {" * 6250 + "abc",
+        "export {" + "abc, " * 10_000,
+        "from x import (" + "abc, " * 10_000,
+        ("static " * 100 + "\n") * 80 + "abc",
+        "\n" * 50_000 + "abc",
+    ],
+)
+def test_adversarial_chunks_are_read_in_linear_time(text: str) -> None:
+    from gpubox.tools.search.exports import assigns
+
+    for language in ("rust", "typescript", "python", "go", "java"):  # each took seconds to minutes when quadratic
+        row = _row(1, "pkg/__init__.py", language, text)
+        reexports(row, ("abc",))
+        assigns(row, ("abc",))

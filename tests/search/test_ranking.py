@@ -456,4 +456,5 @@ def test_a_php_qualified_name_finds_its_class_by_the_last_part() -> None:
     assert classify('logger.warning("Retrying request")').kind == "mixed"
     assert classify("HTTP/2").kind == "nl" and classify("tokio/1").kind == "nl"
     assert classify("src\\foo\\bar.py").kind != "symbol"
-    assert classify("a<b>c").kind == "nl"
+    assert classify("a<b>c").kind == "nl" and classify("\\n").kind == "nl"
+    assert classify("ZodType<T>[]").identifiers == ("ZodType",)

@@ -173,9 +173,9 @@ _LEADING_ATTRIBUTE = re.compile(
     rb"(?=(?!(?:const|volatile|__\w+)\b)[A-Za-z_][\w:<>,*& \t]*[ \t*&]~?(?:\w+::)*~?\w+[ \t]*\()",
     re.MULTILINE,
 )
-# no `;` after it: `SOME_CONSTANT;` ending an expression is no namespace macro (and one blank run, not two around
-# an optional character, keeps the match linear on a line of 40,000 spaces)
-_MACRO_LINE = re.compile(rb"^[ \t]*([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
+# at the start of its line with no `;` after it: an indented `SOME_CONSTANT` ending an expression or an enum is no
+# namespace macro (and one blank run, not two around an optional character, keeps the match linear)
+_MACRO_LINE = re.compile(rb"^([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
 
 
 def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
@@ -195,18 +195,20 @@ def first_branch(src: bytes) -> bytes:
     made the grammar name the class after the condition; two branches that each open a body broke the braces."""
     out = bytearray(src)
     skipping: list[bool] = []  # per open #if: is this line in a branch after the first
+    later = 0  # how many of them are (so a line's test does not walk the stack)
     pos = 0
     for line in src.splitlines(keepends=True):
         m = _DIRECTIVE.match(line)
-        blank = any(skipping)
+        blank = later > 0
         if m:
             word = m.group(1)
             if word in (b"if", b"ifdef", b"ifndef"):
                 skipping.append(False)
-            elif word in (b"elif", b"else") and skipping:
+            elif word in (b"elif", b"else") and skipping and not skipping[-1]:
                 skipping[-1] = True
+                later += 1
             elif word == b"endif" and skipping:
-                skipping.pop()
+                later -= skipping.pop()
             blank = True
         if blank:
             end = len(line.rstrip(b"\r\n"))

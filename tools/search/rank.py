@@ -27,6 +27,7 @@ QueryKind = Literal["symbol", "mixed", "nl"]
 _TOKEN = re.compile(rf"[A-Za-z_$][\w$]*(?:(?:{QUALIFIER})[A-Za-z_$][\w$]*)*(?:\(\))?")
 # how a lone name is written around it: `@JsonProperty`, `\\Monolog\\Logger`, generic arguments (`ZodType<T>`,
 # `Foo<T>::bar`), a call's plain arguments (`parse(input)`), Elixir's arity (`Plug.Conn.put_status/2`)
+_LEAD = re.compile(r"^(?:@|\\(?=[A-Z]))+")  # `@Json`, PHP's `\Monolog\Logger`; not an escape such as `\n`
 _GENERICS = re.compile(r"<(?:[^<>]|<[^<>]*>)*>(?=$|::|\.|\(|\[)")
 _PLAIN_CALL = re.compile(r"\([^()\"'\s]*\)$")  # not `warning("Retrying request")`: a pasted line, not a name
 _ARITY = re.compile(r"(?<=[a-z0-9_])/\d+$")
@@ -62,7 +63,7 @@ def is_identifier(token: str) -> bool:
 
 def _undress(text: str) -> str:
     """A lone name without what is written around it (`_GENERICS` ...), or "" when it is a file path."""
-    bare = _GENERICS.sub("", text.strip("`\"'").removesuffix("()").lstrip("@\\"))
+    bare = _GENERICS.sub("", _LEAD.sub("", text.strip("`\"'").removesuffix("()"))).removesuffix("[]")
     bare = _PLAIN_CALL.sub("", bare)
     if "." in bare or "_" in bare:  # put_status/2, Plug.Conn.get/1; not HTTP/2 or tokio/1
         bare = _ARITY.sub("", bare)
@@ -282,10 +283,9 @@ def rerank(
     for s in out:
         r = rows[s.id]
         bonus = 0.0
-        named = cfg.definition and profile.identifiers
-        strength = definition_strength(r, profile.identifiers, cfg.constructor) if named else 0.0
+        strength = definition_strength(r, profile.identifiers, cfg.constructor) if profile.identifiers else 0.0
         defined = defined or strength > 0
-        if strength:
+        if strength and cfg.definition:
             bonus += cfg.definition * top * strength * (cfg.definition_in_sentence if profile.kind == "mixed" else 1.0)
         elif cfg.compound and r.symbol and r.symbol.lower() in profile.compounds:
             bonus += cfg.compound * top
