@@ -99,8 +99,7 @@ def configs() -> dict[str, RankConfig]:
 
 def index_stamp(store: IndexStore) -> str:
     """When the index last changed: cached legs name chunk ids, which indexing again renumbers."""
-    row = store.connect().execute("SELECT value FROM meta WHERE key = 'updated'").fetchone()
-    return str(row[0]) if row else ""
+    return str(store.meta().get("updated", ""))
 
 
 def collect(half: str, cache: Path) -> Data:

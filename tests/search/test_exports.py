@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,47 @@ def test_adversarial_chunks_are_read_in_linear_time(text: str) -> None:
         row = _row(1, "pkg/__init__.py", language, text)
         reexports(row, ("abc",))
         assigns(row, ("abc",))
+
+
+def test_through_the_index_the_re_exporting_module_comes_first(tmp_path: Path) -> None:
+    # the real chunker and index store, the lexical and symbol legs (no vectors): axum's layout in small
+    from gpubox.tools.search.chunker import chunk_text
+    from gpubox.tools.search.query import hybrid
+    from gpubox.tools.search.store import IndexStore
+
+    files = {
+        # (the chunker keeps a top-level gap of three or more lines; a lone `pub use` line is not indexed)
+        "extract/mod.rs": "//! Types and traits for extracting data from requests.\n\nmod rejection;\n\n"
+        "pub use axum_core::extract::{FromRef, FromRequest, FromRequestParts};\n"
+        "pub use self::rejection::*;\npub use self::json::Json;\n",
+        "json.rs": "use axum_core::extract::FromRequest;\n\npub struct Json<T>(pub T);\n\n"
+        "impl<T, S> FromRequest<S> for Json<T>\nwhere\n    T: DeserializeOwned,\n{\n"
+        "    type Rejection = JsonRejection;\n"
+        "    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {\n"
+        "        let bytes = Bytes::from_request(req, state).await?;\n        Self::from_bytes(&bytes)\n    }\n}\n",
+        "form.rs": "use axum_core::extract::FromRequest;\n\npub struct Form<T>(pub T);\n\n"
+        "impl<T, S> FromRequest<S> for Form<T> {\n    type Rejection = FormRejection;\n"
+        "    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {\n"
+        "        todo_parse(req).await\n    }\n}\n",
+    }
+    for name in ("query", "path", "multipart", "bytes"):  # more usage sites, each naming the trait twice
+        files[f"{name}.rs"] = (
+            f"/// `{name}` as a [`FromRequest`] extractor.\npub struct Q{name};\n\n"
+            f"impl<S> FromRequest<S> for Q{name} {{\n    type Rejection = Rejection;\n}}\n"
+        )
+    rows = [
+        (path, c.start_line, c.end_line, c.symbol, c.kind, "rust", c.text, f"{path}:{c.start_line}", b"\0" * 16)
+        for path, text in files.items()
+        for c in chunk_text(text, "rust")
+    ]
+    store = IndexStore(tmp_path / "idx")
+    try:
+        with store.transaction() as db:
+            store.insert_chunks(db, rows)
+        ranked = hybrid(store, None, None, "FromRequest", "hybrid", 10, None, None)
+        first = store.chunks([ranked[0].id])[ranked[0].id]
+        assert first.path == "extract/mod.rs"
+        off = hybrid(store, None, None, "FromRequest", "hybrid", 10, None, None, replace(DEFAULT, reexport=0))
+        assert store.chunks([off[0].id])[off[0].id].path != "extract/mod.rs"  # the rule is what puts it first
+    finally:
+        store.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 
-from gpubox.tools.search.store import QUALIFIER, ChunkRow
+from gpubox.tools.search.store import ChunkRow, last_part
 
 _RUST_USE = re.compile(r"^[ \t]*pub(?:\([^()\n]*\))?[ \t]+use[ \t]+([^;]*)", re.MULTILINE)
 _JS_EXPORT = re.compile(r"\bexport[ \t]+(?:type[ \t]+)?\{([^{}]*)\}[ \t]*from\b")
@@ -50,7 +50,7 @@ def _assignment(name: str) -> re.Pattern[str]:
 
 
 def _names(identifiers: tuple[str, ...], text: str) -> list[str]:
-    names = {re.split(QUALIFIER, i)[-1] for i in identifiers}
+    names = {last_part(i) for i in identifiers}
     return [n for n in names if len(n) > 2 and n in text]
 
 

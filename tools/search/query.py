@@ -15,7 +15,7 @@ from gpubox.tools.search import vectors
 from gpubox.tools.search.compounds import STOPWORDS
 from gpubox.tools.search.paths import superseded_dirs
 from gpubox.tools.search.rank import DEFAULT, QueryProfile, RankConfig, classify, fuse, rerank
-from gpubox.tools.search.store import QUALIFIER, IndexStore, split_identifiers
+from gpubox.tools.search.store import QUALIFIER, IndexStore, last_part, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
 COMPOUND_KINDS = ("class", "struct", "interface", "type", "enum", "trait", "module", "impl")
@@ -168,7 +168,7 @@ def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] |
     db = store.connect()
     out: list[int] = []
     for ident in identifiers:
-        name = re.split(QUALIFIER, ident)[-1]
+        name = last_part(ident)
         if len(name) < 3:
             continue
         rows = db.execute(

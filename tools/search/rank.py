@@ -17,7 +17,7 @@ from typing import Literal
 from gpubox.tools.search.compounds import STOPWORDS, compound_names
 from gpubox.tools.search.exports import assigns, reexports
 from gpubox.tools.search.paths import path_penalty, under
-from gpubox.tools.search.store import CAMEL, QUALIFIER, ChunkRow
+from gpubox.tools.search.store import CAMEL, QUALIFIER, ChunkRow, last_part
 
 QueryKind = Literal["symbol", "mixed", "nl"]
 
@@ -57,7 +57,7 @@ class QueryProfile:
 
 def is_identifier(token: str) -> bool:
     t = token.removesuffix("()")
-    qualified = any(q in t for q in (".", "::", "->", "\\", "#"))
+    qualified = re.search(QUALIFIER, t) is not None
     return bool(_SNAKE.match(t) or _INNER_CAP.search(t) or qualified or t != token) and any(c.isalpha() for c in t)
 
 
@@ -202,10 +202,10 @@ def definition_strength(row: ChunkRow, identifiers: tuple[str, ...], constructor
     if row.kind not in DEFINITION_KINDS and row.kind not in ("window", "module"):
         return 0.0
     sym = row.symbol or ""
-    sym_last = re.split(QUALIFIER, sym)[-1]  # Ecto.Query, Foo::Bar: the name is the last part
+    sym_last = last_part(sym)  # Ecto.Query, Foo::Bar: the name is the last part
     best = 0.0
     for ident in identifiers:
-        last = re.split(QUALIFIER, ident)[-1]
+        last = last_part(ident)
         if sym and (sym.lower() == ident.lower() or sym_last.lower() == last.lower()):
             exact = sym == ident or sym_last == last or last.islower()
             best = max(best, constructor if _constructor(row, last) else 0.5 if not exact else 1.0)
@@ -228,7 +228,7 @@ def _constructor(row: ChunkRow, name: str) -> bool:
 def named_file(path: str, identifiers: tuple[str, ...]) -> bool:
     """The file is named after an identifier the query names (Request.swift, changeset.ex for `Changeset`)."""
     stem = path.replace("\\", "/").rsplit("/", 1)[-1].split(".")[0].lower().lstrip("_")
-    return any(re.split(QUALIFIER, i)[-1].lower() == stem for i in identifiers)
+    return any(last_part(i).lower() == stem for i in identifiers)
 
 
 def name_share(symbol: str, words: tuple[str, ...]) -> float:

@@ -42,6 +42,13 @@ CREATE VIRTUAL TABLE IF NOT EXISTS chunks_vocab USING fts5vocab(chunks_fts, row)
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # what separates a qualified name's parts: Class.method, fmt::format, Monolog\Logger, Ruby's and Javadoc's Foo#bar
 QUALIFIER = r"\.|::|->|\\|#"
+
+
+def last_part(name: str) -> str:
+    """The name a qualified one ends in: Ecto.Query -> Query, fmt::format -> format, Monolog\\Logger -> Logger."""
+    return re.split(QUALIFIER, name)[-1]
+
+
 CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 
 
