@@ -16,10 +16,12 @@ export PYTHONPATH="$(pwd)/.gpubox-src${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi || true
 # gpu_checks.py also runs bench_attention over the FFPA sweep (B=1 H=48 N=8192 D=64,128,320..1024, fp16) and
 # bench_device through MCP; then the tool's figures against a bare script timing the same SDPA kernels
-python3 bench/gpu_checks.py
-python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
+# each step has its own limit (seconds) so one slow step cannot take the lease from the rest
+export PYTHONUNBUFFERED=1
+timeout "${GPU_CHECKS_S:-600}" python3 bench/gpu_checks.py
+timeout "${TOOLS_VS_SCRIPT_S:-300}" python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
 # the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
-GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
+GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" timeout "${GPU_TESTS_S:-900}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
 # the serving benchmark on the GPU, where the box has vLLM (a CUDA vLLM cannot travel in .whl/: several GB with
 # its CUDA torch): in-process llama.cpp vs the vLLM engine through MCP vs its API, 1-16 clients
 if python3 -c "import vllm" 2>/dev/null; then

@@ -152,3 +152,24 @@ async def test_while_a_benchmark_runs_the_server_answers_and_a_second_one_is_ref
     assert all(r["run_id"] for r in data["runs"])
     data = await call_ok(bench_client, "bench_attention", **{**SMALL, "head_dim": 16})  # the lock was released
     assert data["status"] == "complete"
+
+
+def test_a_refused_backend_is_explained_by_its_failed_requirement_not_the_headers_around_it() -> None:
+    import warnings
+
+    from gpubox.tools.bench.attention import describe
+
+    trig = " (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:986.)"
+    said = [  # what torch 2.11 warned on an H200 when sdpa_flash was forced at D=1024 (bench/results/gpu_h200/)
+        "Memory efficient kernel not used because:" + trig,
+        "Memory Efficient attention has been runtime disabled." + trig,
+        "Flash attention kernel not used because:" + trig,
+        "Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. "
+        "Got Query.size(-1): 1024, Key.size(-1): 1024, Value.size(-1): 1024 instead." + trig,
+        "cuDNN attention has been runtime disabled." + trig,
+    ]
+    caught = [warnings.WarningMessage(UserWarning(m), UserWarning, "x.py", 1) for m in said]
+    text = describe(RuntimeError("No available kernel. Aborting execution."), caught)
+    assert text.startswith("Flash attention requires q,k,v to have the same last dimension")
+    assert "Triggered internally" not in text and "runtime disabled" not in text
+    assert text.endswith("RuntimeError: No available kernel. Aborting execution.")

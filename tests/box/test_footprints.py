@@ -41,6 +41,14 @@ def test_one_device_over_its_own_estimate_counts_even_when_the_total_is_not() ->
     assert not above({"cuda:1": 9.0}, {"host": 1.0})  # a device the work does not reserve is not its figure
 
 
+def test_an_overrun_names_each_device_over_its_own_estimate_not_a_sum() -> None:
+    from gpubox.tools.box.footprints import overrun
+
+    # the H200 run of bench_attention: the GPU well within its share, the worker's host memory over it
+    text = overrun({"cuda:0": 2.1, "host": 3.66}, {"cuda:0": 20.0, "host": 0.82})
+    assert text == "host 3.66 GB, above its 0.82 GB estimate"
+
+
 def test_raised_takes_the_larger_figure_per_device_and_only_for_devices_the_work_uses() -> None:
     assert raised({"host": 2.0, "cuda:0": 10.0}, {"host": 3.0, "cuda:0": 8.0, "cuda:1": 5.0}) == {
         "host": 3.0,

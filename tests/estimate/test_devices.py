@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -128,6 +129,79 @@ def test_a_gpu_missing_from_the_catalog_gets_every_planning_figure_from_nvml() -
     assert spec.bf16_tflops == pytest.approx(58.3, rel=0.03)
     assert spec.gpu_class == "consumer-gddr" and spec.vram_gb == pytest.approx(12.885, rel=1e-3)
     assert set(spec.from_nvml) >= {"bandwidth_gbs", "bf16_tflops", "vram_gb", "tdp_w"}
+
+
+class _H200Nvml:
+    """What NVML answered on a whole H200 (driver 580.159.04, 2026-11-26): no attributes outside MIG."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_ID_CUSTOMER_BOOST_MAX = 1, 2, 2
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return SimpleNamespace(total=143771 * 1024**2, free=143155 * 1024**2)
+
+    def nvmlDeviceGetAttributes_v2(self, h: int) -> Any:
+        raise RuntimeError("NVMLError_NotSupported")
+
+    def nvmlDeviceGetNumGpuCores(self, h: int) -> int:
+        return 16896
+
+    def nvmlDeviceGetMaxClockInfo(self, h: int, clock: int) -> int:
+        return {1: 1980, 2: 3201}[clock]
+
+    def nvmlDeviceGetClock(self, h: int, clock: int, kind: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetMemoryBusWidth(self, h: int) -> int:
+        return 6016
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        return (9, 0)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return "GPU-e316a00c"
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return SimpleNamespace(busId=b"00000000:00:05.0")
+
+
+def test_sm_count_comes_from_the_core_count_where_nvml_has_no_attributes_for_a_whole_gpu() -> None:
+    gpus = local_gpus(_H200Nvml(), cuda_visible="0")
+    assert gpus and gpus[0].sm_count == 132  # 16896 CUDA cores / 128 FP32 lanes per Hopper SM
+    spec = derive_spec(gpus[0])
+    known = package_catalog().find_gpu("NVIDIA H200")
+    assert known is not None and spec.bf16_tflops is not None and spec.bandwidth_gbs is not None
+    assert spec.bf16_tflops == pytest.approx(known.bf16_tflops, rel=0.2)
+    assert spec.bandwidth_gbs == pytest.approx(known.bandwidth_gbs, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("name", "cc", "sms", "boost_mhz", "published_fp32"),
+    [
+        ("NVIDIA A100-SXM4-40GB", (8, 0), 108, 1410, 19.5),  # 64 FP32 lanes per SM (A100 datasheet)
+        ("NVIDIA A10", (8, 6), 72, 1695, 31.2),  # 128 lanes (A10 datasheet)
+        ("NVIDIA H100 80GB HBM3", (9, 0), 132, 1980, 66.9),  # H100 SXM datasheet: 67
+        ("Tesla V100-SXM2-16GB", (7, 0), 80, 1530, 15.7),
+    ],
+)
+def test_fp32_tflops_use_the_lanes_per_sm_of_that_architecture(
+    name: str, cc: tuple[int, int], sms: int, boost_mhz: int, published_fp32: float
+) -> None:
+    spec = derive_spec(_facts(name=name, compute_capability=cc, sm_count=sms, boost_sm_clock_mhz=boost_mhz))
+    assert spec.fp32_tflops == pytest.approx(published_fp32, rel=0.03)
 
 
 def test_cuda_visible_devices_maps_gpus_by_uuid_and_pci_order_not_nvml_index() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import statistics
 import time
 import warnings
@@ -157,9 +158,20 @@ def free_bytes(cuda: bool) -> float:
     return float(psutil.virtual_memory().available)
 
 
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^()]*\)\.?")
+
+
 def describe(exc: BaseException, caught: list[warnings.WarningMessage]) -> str:
-    """The library's own words: PyTorch explains a refused SDPA backend in warnings, then raises a generic error."""
-    parts = [str(w.message).strip() for w in caught if str(w.message).strip()]
+    """The library's own words: PyTorch explains a refused SDPA backend in warnings, then raises a generic error.
+
+    It first heads each backend it checks ('Flash attention kernel not used because:') and notes those the forced
+    backend turned off ('... has been runtime disabled'); only the requirement that failed says why (on an H200 at
+    D=1024 the 600-character reason used to end before it)."""
+    parts = []
+    for w in caught:
+        text = _TRIGGERED.sub("", str(w.message)).replace("\n", " ").strip()
+        if text and not text.endswith("because:") and not text.endswith("has been runtime disabled."):
+            parts.append(text)
     parts.append(f"{type(exc).__name__}: {str(exc).strip()}")
     text = " | ".join(dict.fromkeys(p.replace("\n", " ") for p in parts))
     return text[:600]

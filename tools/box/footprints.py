@@ -92,6 +92,13 @@ def above(used: dict[str, float], estimate: dict[str, float]) -> bool:
     return any(gb > estimate.get(d, 0.0) * ABOVE for d, gb in used.items() if d in estimate)
 
 
+def overrun(used: dict[str, float], estimate: dict[str, float]) -> str:
+    """The devices over their estimate, each against its own ('cpu 5.30 GB, above its 0.60 GB estimate'): a sum
+    over devices read as an overrun beside a larger estimate when a GPU stayed well within its share."""
+    over = [d for d, gb in used.items() if d in estimate and gb > estimate[d] * ABOVE]
+    return "; ".join(f"{d} {used[d]:.2f} GB, above its {estimate[d]:.2f} GB estimate" for d in over)
+
+
 @dataclass
 class _Tracked:
     key: str
@@ -132,10 +139,7 @@ class Peaks:
             key, peak, estimate = t.key, dict(t.peak), t.estimate
             # written under the lock: two readings at once must not leave the lower one on disk
             self._write(lambda: self.store.record(key, peak))
-        log.warning(
-            "%s took %.2f GB, above its %.2f GB estimate; the next reservation of it takes that",
-            owner, sum(peak.values()), sum(estimate.values()),
-        )  # fmt: skip
+        log.warning("%s took %s; the next reservation of it takes that", owner, overrun(peak, estimate))
 
     def end(self, owner: str) -> None:
         """Work ended: a remembered figure it stayed within is forgotten (an unmeasured run changes nothing)."""

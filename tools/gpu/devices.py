@@ -44,7 +44,15 @@ TENSOR_FLOPS_PER_SM_CLOCK: dict[tuple[int, int], int] = {
     (12, 0): 1024,
 }
 # FP32 lanes per SM (CUDA programming guide, "Arithmetic instructions" throughput table)
-FP32_LANES_PER_SM: dict[int, int] = {6: 128, 7: 64, 8: 128, 9: 128, 10: 128, 12: 128}
+# FP32 lanes per SM (CUDA C Programming Guide, "Arithmetic Instructions" throughput table): 64 on the datacenter
+# parts P100 (6.0), Volta/Turing (7.x) and A100 (8.0), 128 elsewhere from Pascal on.
+FP32_LANES_PER_SM: dict[tuple[int, int], int] = {(6, 0): 64, (7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64}
+
+
+def fp32_lanes(cc: tuple[int, int]) -> int:
+    return FP32_LANES_PER_SM.get(cc, 128 if cc[0] >= 6 else 64)
+
+
 # NVML reports the memory clock at half the per-pin data rate for HBM and GDDR alike: H100 SXM 2619 MHz x 2 x
 # 5120 bit / 8 = 3.35 TB/s, RTX 4090 10501 MHz x 2 x 384 / 8 = 1008 GB/s, A10 6251 x 2 x 384 / 8 = 600 GB/s.
 DATA_RATE_PER_CLOCK = 2
@@ -135,7 +143,7 @@ def derive_spec(f: NvmlFacts) -> DerivedSpec:
     if f.compute_capability and f.sm_count and clock:
         t = tensor_tflops(f.compute_capability, f.sm_count, clock, f.name)
         bf16 = round(t, 1) if t is not None else None
-        lanes = FP32_LANES_PER_SM.get(f.compute_capability[0], 64)
+        lanes = fp32_lanes(f.compute_capability)
         fp32 = round(f.sm_count * lanes * 2 * clock * 1e6 / 1e12, 1)
         derived += ["bf16_tflops", "fp32_tflops"] if bf16 is not None else ["fp32_tflops"]
         if bf16 is None:
@@ -198,12 +206,23 @@ def _boost_clock(nv: Any, h: Any) -> int | None:
     return clock or _try(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_SM)
 
 
+def _sm_count(nv: Any, h: Any, attrs: Any, cc: tuple[int, int] | None) -> int | None:
+    sms = getattr(attrs, "multiprocessorCount", None) if attrs is not None else None
+    if sms:
+        return int(sms)
+    # nvmlDeviceGetAttributes answers NOT_SUPPORTED for a whole (non-MIG) GPU on some drivers (an H200 under 580.159
+    # did); its CUDA core count over the FP32 lanes per SM is the same number
+    cores = _try(nv.nvmlDeviceGetNumGpuCores, h) if hasattr(nv, "nvmlDeviceGetNumGpuCores") else None
+    return int(cores) // fp32_lanes(cc) if cores and cc else None
+
+
 def _facts(nv: Any, index: int) -> NvmlFacts:
     h = nv.nvmlDeviceGetHandleByIndex(index)
     mem = nv.nvmlDeviceGetMemoryInfo(h)
     pci = _try(nv.nvmlDeviceGetPciInfo, h)
     attrs = _try(getattr(nv, "nvmlDeviceGetAttributes_v2", None) or nv.nvmlDeviceGetAttributes, h)
-    cc = _try(nv.nvmlDeviceGetCudaComputeCapability, h)
+    raw_cc = _try(nv.nvmlDeviceGetCudaComputeCapability, h)
+    cc = (int(raw_cc[0]), int(raw_cc[1])) if raw_cc else None
     limit = _try(nv.nvmlDeviceGetPowerManagementDefaultLimit, h) or _try(nv.nvmlDeviceGetPowerManagementLimit, h)
     return NvmlFacts(
         index=index,
@@ -214,10 +233,10 @@ def _facts(nv: Any, index: int) -> NvmlFacts:
         memory_free_bytes=int(mem.free),
         memory_bus_width_bits=_try(nv.nvmlDeviceGetMemoryBusWidth, h),
         max_memory_clock_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM),
-        sm_count=getattr(attrs, "multiprocessorCount", None) if attrs is not None else None,
+        sm_count=_sm_count(nv, h, attrs, cc),
         max_sm_clock_mhz=_try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
         boost_sm_clock_mhz=_boost_clock(nv, h),
-        compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+        compute_capability=cc,
         power_limit_w=round(limit / 1000, 1) if limit else None,
     )
 

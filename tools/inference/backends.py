@@ -6,6 +6,7 @@ Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy im
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,11 +31,11 @@ def _free_accelerator_memory() -> None:
     import gc
 
     gc.collect()
-    try:
-        import torch
-    except ImportError:
-        return
-    if torch.cuda.is_available():
+    # only torch's own cache: a process that never imported torch has none, and importing it here would put a
+    # second set of CUDA libraries beside llama.cpp's (on an H200 box, torch 2.11+cu130 imported before a CUDA
+    # build of llama-cpp-python crashed the process at its next model load)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
