@@ -22,6 +22,11 @@ timeout "${GPU_CHECKS_S:-600}" python3 bench/gpu_checks.py
 timeout "${TOOLS_VS_SCRIPT_S:-300}" python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
 # the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
 GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" timeout "${GPU_TESTS_S:-900}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
+# a CUDA build of llama-cpp-python (bench/gpu_carry.sh's .l1/.l2, built there): which of gpubox's load settings, or
+# torch in the same process, crashes it (an H200 run saw infer_load segfault where a bare load did not)
+if python3 -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())" 2>/dev/null; then
+  timeout "${LLAMA_BISECT_S:-600}" python3 bench/llama_cuda_bisect.py --out "${OUT:-bench/results}/llama_cuda_bisect.md"
+fi
 # the serving benchmark on the GPU, where the box has vLLM (a CUDA vLLM cannot travel in .whl/: several GB with
 # its CUDA torch): in-process llama.cpp vs the vLLM engine through MCP vs its API, 1-16 clients
 if python3 -c "import vllm" 2>/dev/null; then

