@@ -96,6 +96,7 @@ async def test_the_plan_summarises_the_dataset_and_picks_the_batch_for_this_devi
         async with Client(mcp) as client:
             plan = await call_ok(client, "finetune_plan", dataset=str(DATASET), max_length=128, learning_rate=2e-3)
             truncated = await call_ok(client, "finetune_plan", dataset=str(DATASET), max_length=16)
+            long = await call_ok(client, "finetune_plan", dataset=str(DATASET), max_length=2048)
     finally:
         state_of(mcp).close()
     ds = plan["dataset"]
@@ -110,4 +111,24 @@ async def test_the_plan_summarises_the_dataset_and_picks_the_batch_for_this_devi
     if not has_gpu():
         assert plan["device"] == "cpu" and micro == 4 and "cpu" in plan["batch_source"]
     assert truncated["dataset"]["truncated_rows"] == 48
+    # trl pads a batch to its longest row: a max_length far above every row plans no more memory or time
+    assert f"rows planned at {p['max'] + 8} tokens" in long["batch_source"]
+    assert long["estimated_memory_gb"] == plan["estimated_memory_gb"]
+    assert "rows planned" not in truncated["batch_source"]
     assert any("longer than max_length 16" in w for w in truncated["warnings"])
+
+
+def test_rows_are_planned_at_the_longest_row_unless_packed_or_only_sampled() -> None:
+    from gpubox.tools.finetune.planner import planned_length
+    from gpubox.tools.finetune.schemas import DatasetSummary, FinetuneRequest
+
+    def summary(rows: int) -> DatasetSummary:
+        lengths = {"p50": 40, "p90": 90, "p99": 110, "max": 120}
+        return DatasetSummary(path="d", format="messages", rows=rows, train_rows=rows, eval_rows=0,
+                              tokens_total=rows * 50, token_length_percentiles=lengths, truncated_rows=0)  # fmt: skip
+
+    req = FinetuneRequest(dataset="d", max_length=1024)
+    assert planned_length(req, summary(100)) == 128
+    assert planned_length(req.model_copy(update={"max_length": 64}), summary(100)) == 64
+    assert planned_length(req.model_copy(update={"packing": True}), summary(100)) == 1024  # packed rows fill it
+    assert planned_length(req, summary(data.SAMPLED_ROWS + 1)) == 1024  # an unmeasured row may be longer

@@ -24,6 +24,8 @@ ROLES = {"system", "user", "assistant", "tool"}
 MAX_ROWS = saved.MAX_ROWS
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
+SAMPLED_ROWS = 20_000  # rows whose token length is measured; beyond it lengths are a sample
+
 
 Opener = Callable[[Path], BinaryIO]
 
@@ -221,7 +223,7 @@ def render(row: dict[str, Any], fmt: DatasetFormat, tokenizer: Any) -> str:
 
 
 def token_lengths(rows: list[dict[str, Any]], fmt: DatasetFormat, tokenizer: Any) -> list[int]:
-    texts = [render(r, fmt, tokenizer) for r in rows[:20_000]]  # percentiles from a bounded sample
+    texts = [render(r, fmt, tokenizer) for r in rows[:SAMPLED_ROWS]]  # percentiles from a bounded sample
     enc = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [len(ids) for ids in enc]
 

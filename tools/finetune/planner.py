@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from gpubox.tools.estimate.schemas import TrainingEstimate, TrainingOnGpu
     from gpubox.tools.estimate.service import Estimator
 
+SAMPLED_ROWS = data.SAMPLED_ROWS
+# tokens a row may gain over its measured length in training (the end-of-sequence token trl appends, a template's
+# generation prompt)
+TEMPLATE_MARGIN = 8
 CPU_MICRO_BATCH = 4  # CPU training is compute-bound long before RAM runs out; 4 keeps steps short
 
 
@@ -118,14 +122,30 @@ def estimator_model(estimator: Estimator, base: ResolvedBase) -> str:
     return base.path
 
 
+def planned_length(req: FinetuneRequest, summary: DatasetSummary) -> int:
+    """The longest row a micro-batch can hold: trl pads each batch to its own longest row, so without packing no
+    batch is longer than the dataset's longest row (when every row was measured). Planning every row at max_length
+    put a QLoRA job whose rows were far shorter at 15x the memory it took (an H200, bench/results/gpu_h200/)."""
+    if req.packing or summary.rows > SAMPLED_ROWS:
+        return req.max_length
+    return min(req.max_length, summary.token_length_percentiles["max"] + TEMPLATE_MARGIN)
+
+
 def estimate(
-    estimator: Estimator, req: FinetuneRequest, base: ResolvedBase, train_rows: int, tokens: int, device: str
+    estimator: Estimator,
+    req: FinetuneRequest,
+    base: ResolvedBase,
+    train_rows: int,
+    tokens: int,
+    device: str,
+    seq_len: int | None = None,
 ) -> TrainingEstimate:
-    """The estimator's TrainingEstimate for this request, or raise GpuboxError."""
+    """The estimator's TrainingEstimate for this request (rows planned at `seq_len` tokens), or raise GpuboxError."""
     from gpubox.tools.estimate.requests import TrainingRequest
 
     fields = {k: getattr(req, k) for k in TrainingRequest.model_fields}
     fields.update(model=estimator_model(estimator, base), gpu="local" if device == "cuda" else "cpu")
+    fields.update(max_length=seq_len or req.max_length)
     fields.update(dataset_samples=train_rows, dataset_tokens=max(tokens, 1))
     if fields["per_device_train_batch_size"] == "auto":
         fields["per_device_train_batch_size"] = None
@@ -188,12 +208,13 @@ def estimate_or_warning(
     tokens: int,
     device: str,
     warnings: list[str],
+    seq_len: int | None = None,
 ) -> tuple[TrainingEstimate | None, TrainingOnGpu | None]:
     if estimator is None:
         warnings.append("no memory/time estimate: no estimator was given")
         return None, None
     try:
-        est = estimate(estimator, req, base, rows, tokens, device)
+        est = estimate(estimator, req, base, rows, tokens, device, seq_len)
     except (GpuboxError, TypeError, ValueError) as exc:
         warnings.append(f"no memory/time estimate: {exc}")
         return None, None

@@ -111,8 +111,11 @@ class Finetuner:
         if req.use_liger_kernel and (device == "cpu" or not _installed("liger_kernel")):
             warnings.append("use_liger_kernel needs the liger-kernel package and a CUDA GPU; it was turned off")
             req = req.model_copy(update={"use_liger_kernel": False})
-        est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings)
+        seq = planner.planned_length(req, summary)
+        est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings, seq)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
+        if seq < req.max_length:
+            why += f"; rows planned at {seq} tokens, the longest row, not max_length {req.max_length}"
         plan = FinetunePlan(
             plan_id=uuid.uuid4().hex[:12],
             request=req,
