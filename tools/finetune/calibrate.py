@@ -19,7 +19,8 @@ def record_calibration(est: Estimator, info: dict[str, Any]) -> str:
             "cpu" if device == "cpu" else info.get("gpu_name", "local"),
             estimator_model(est, ResolvedBase.model_validate(info["base"])),
             req["method"],
-            req["max_length"],
+            # the length the plan assumed (the longest row), as the estimator is asked for it at the next plan
+            info.get("planned_length") or req["max_length"],
             info["per_device_train_batch_size"],
             bool(info["gradient_checkpointing"]),
             tokens_per_s=info.get("tokens_per_s"),

@@ -235,3 +235,9 @@ def percentiles(lengths: list[int]) -> dict[str, int]:
         return s[min(len(s) - 1, int(q * len(s)))]
 
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": s[-1]}
+
+
+def stamp(path: Path) -> str:
+    """The dataset file as it is now (size:mtime): a plan made for its rows holds only while this is unchanged."""
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"

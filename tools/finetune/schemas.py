@@ -122,6 +122,10 @@ class FinetunePlan(BaseModel):
     estimated_hours: float | None = None
     estimate: dict[str, Any] | None = Field(default=None, description="The estimator's full training estimate")
     dataset: DatasetSummary
+    planned_length: int | None = Field(
+        default=None, description="Tokens per row the memory plan assumes: the longest row + 8, or max_length"
+    )
+    dataset_stamp: str | None = Field(default=None, description="The dataset file's size:mtime when planned")
     speed_options: dict[str, bool] = Field(description="packing / liger kernels / gradient checkpointing: on or off")
     warnings: list[str] = Field(default_factory=list)
 

@@ -24,7 +24,7 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
-from gpubox.tools.finetune import admission, launcher, plan_warnings, planner, targets
+from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
 from gpubox.tools.finetune.jobs import JobStore, exited, gone, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
@@ -114,8 +114,8 @@ class Finetuner:
         seq = planner.planned_length(req, summary)
         est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings, seq)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
-        if seq < req.max_length:
-            why += f"; rows planned at {seq} tokens, the longest row, not max_length {req.max_length}"
+        if seq < req.max_length and on is not None:
+            why += f"; rows planned at {seq} tokens (the longest row + 8), not max_length {req.max_length}"
         plan = FinetunePlan(
             plan_id=uuid.uuid4().hex[:12],
             request=req,
@@ -132,6 +132,8 @@ class Finetuner:
             estimated_hours=on.wall_hours if on is not None else None,
             estimate=est.model_dump(mode="json") if est is not None else None,
             dataset=summary,
+            planned_length=seq,
+            dataset_stamp=data.stamp(Path(summary.path)),
             speed_options={
                 "packing": req.packing,
                 "use_liger_kernel": req.use_liger_kernel,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpubox.errors import InvalidInputError
 from gpubox.tools.finetune import data
 from gpubox.tools.finetune.schemas import FinetunePlan
 
@@ -24,7 +25,15 @@ def snapshot(
     """Write the job's folder. The dataset is read again (it may have changed since the plan) and copied, so the
     job trains on what was checked."""
     req = plan.request
-    _fmt, rows = data.load(Path(plan.dataset.path), allowed_roots)
+    path = Path(plan.dataset.path)
+    planned = plan.planned_length
+    if planned and planned < req.max_length and plan.dataset_stamp and data.stamp(path) != plan.dataset_stamp:
+        # its memory was planned (and is reserved) at the longest row then; a longer row now would not fit that
+        raise InvalidInputError(
+            f"the dataset {path} changed since plan {plan_id}, whose memory was planned for rows up to {planned} "
+            "tokens; run finetune_plan again"
+        )
+    _fmt, rows = data.load(path, allowed_roots)
     random.Random(req.seed).shuffle(rows)
     n_eval = plan.dataset.eval_rows
     job_dir.mkdir(parents=True)
@@ -41,6 +50,7 @@ def snapshot(
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "total_steps": plan.total_steps,
+        "planned_length": planned or req.max_length,
         "num_processes": req.num_processes,
         "device": plan.device,
         "adapter_dir": str(adapter_dir),

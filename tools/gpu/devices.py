@@ -43,14 +43,13 @@ TENSOR_FLOPS_PER_SM_CLOCK: dict[tuple[int, int], int] = {
     (10, 3): 8192,
     (12, 0): 1024,
 }
-# FP32 lanes per SM (CUDA programming guide, "Arithmetic instructions" throughput table)
 # FP32 lanes per SM (CUDA C Programming Guide, "Arithmetic Instructions" throughput table): 64 on the datacenter
-# parts P100 (6.0), Volta/Turing (7.x) and A100 (8.0), 128 elsewhere from Pascal on.
+# parts P100 (6.0), Volta/Turing (7.x) and A100 (8.0), 192 on Kepler, 128 elsewhere.
 FP32_LANES_PER_SM: dict[tuple[int, int], int] = {(6, 0): 64, (7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64}
 
 
 def fp32_lanes(cc: tuple[int, int]) -> int:
-    return FP32_LANES_PER_SM.get(cc, 128 if cc[0] >= 6 else 64)
+    return FP32_LANES_PER_SM.get(cc, {3: 192}.get(cc[0], 128))  # Kepler 192, Maxwell 128
 
 
 # NVML reports the memory clock at half the per-pin data rate for HBM and GDDR alike: H100 SXM 2619 MHz x 2 x

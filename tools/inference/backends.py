@@ -5,6 +5,7 @@ Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy im
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -34,9 +35,10 @@ def _free_accelerator_memory() -> None:
     # only torch's own cache: a process that never imported torch has none, and importing it here would put a
     # second set of CUDA libraries beside llama.cpp's (on an H200 box, torch 2.11+cu130 imported before a CUDA
     # build of llama-cpp-python crashed the process at its next model load)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)  # None too while another thread is importing torch
+    with contextlib.suppress(Exception):  # a cache left full is only memory NVML reports as used a while longer
+        if cuda is not None and cuda.is_available():
+            cuda.empty_cache()
 
 
 @dataclass
