@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
+from gpubox.tools.inference import load_probe
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
@@ -84,8 +85,11 @@ class LlamaBackend:
         kv_cache_type: str,
         n_threads: int | None,
         lora_path: Path | None = None,
+        probe: bool = True,
     ) -> None:
         require("llama_cpp", "llama", "The llama.cpp backend")
+        if probe:  # a GPU build is loaded once in a child first: a crash there is an error, not the end of the server
+            load_probe.check(path, n_ctx, n_gpu_layers, kv_cache_type, n_threads, lora_path)
         # Every call into this model runs on its own single thread. llama.cpp's CPU backend uses OpenMP, and
         # libgomp gives each calling thread its own worker team; once there are more team threads than cores it
         # stops spinning and decode drops by ~35% on a 2-core box (measured: 120 -> 75 tok/s). One caller
