@@ -56,7 +56,7 @@ VARIANTS: dict[str, str] = {
     "torch imported and CUDA used first": "import torch\ntorch.zeros(1, device='cuda')\n"
     f"{IMPORT}llm = {LOAD.format(extra='')}",
     "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
-    "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None).llm",
+    "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None, probe=False).llm",
     "gpubox infer_load over MCP": MCP,
 }
 

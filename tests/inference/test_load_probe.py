@@ -3,14 +3,16 @@ ConfigError naming what the child imported, and the server lives on (an H200 box
 
 from __future__ import annotations
 
-import sys
+import importlib.machinery
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpubox.bundled import smollm2_gguf
 from gpubox.errors import ConfigError
 from gpubox.tools.inference import load_probe
+from tests.conftest import skip_without
 
 
 def gguf() -> Path:
@@ -19,19 +21,39 @@ def gguf() -> Path:
     return path
 
 
-def args(first: tuple[str, ...]) -> dict[str, object]:
-    return {"first": first, "torch_cuda": False, "path": str(gguf()), "n_ctx": 256, "n_gpu_layers": 0,
+def args(first: tuple[str, ...], path: Path | None = None) -> dict[str, object]:
+    return {"first": first, "torch_cuda": False, "path": str(path or gguf()), "n_ctx": 256, "n_gpu_layers": 0,
             "kv": "f16", "threads": 1, "lora": None}  # fmt: skip
 
 
-def test_this_cpu_build_is_not_probed_and_its_files_say_so() -> None:
-    lib = Path(sys.modules["llama_cpp"].__file__ or "").parent if "llama_cpp" in sys.modules else None
-    assert load_probe.gpu_build() is False, lib
-    load_probe.check(Path("/nonexistent.gguf"), 512, -1, "f16", 1, None)  # a CPU build loads in-process, unprobed
+@pytest.mark.parametrize(
+    ("files", "gpu"),
+    [
+        (["libggml-cuda.so", "libggml-base.so", "libllama.so"], True),  # a CUDA wheel's lib/ folder
+        (["libggml-vulkan.so.0.25.3"], True),
+        (["libggml-metal.dylib"], True),
+        (["libggml-cpu.so", "libggml-base.so.0", "libllama.so"], False),  # a CPU build, as on this box
+        (["ggml-cuda.h", "libggml-cpu.so"], False),  # a header is no GPU library
+    ],
+)
+def test_a_gpu_build_is_told_from_the_packages_library_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: list[str], gpu: bool
+) -> None:
+    (tmp_path / "lib").mkdir()
+    for name in files:
+        (tmp_path / "lib" / name).write_bytes(b"")
+    spec = importlib.machinery.ModuleSpec("llama_cpp", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(load_probe.importlib.util, "find_spec", lambda name: spec)
+    load_probe.gpu_build.cache_clear()
+    try:
+        assert load_probe.gpu_build() is gpu
+    finally:
+        load_probe.gpu_build.cache_clear()
 
 
-def test_the_child_loads_the_model_through_the_servers_own_code_after_what_the_server_imported() -> None:
-    # torch first, as a server that ran search or a transformers model has it: a real load, no crash on a CPU
+def test_the_child_loads_and_decodes_through_the_servers_code_after_what_the_server_imported() -> None:
+    skip_without("hf")  # the child imports torch first, as a server that ran search or a transformers model has it
     assert load_probe._run_child(args(("torch",)), gguf(), ("torch",)) is True
 
 
@@ -45,17 +67,33 @@ def test_a_crash_in_the_child_is_an_error_naming_what_it_imported_first(
         load_probe._run_child(args(("native_crash",)), gguf(), ("native_crash",))
     text = str(err.value)
     assert "SIGSEGV after importing native_crash" in text and "the server is unaffected" in text
-    assert "backend='transformers'" in text
+    assert "n_gpu_layers=0" in text  # not torch: no advice about torch's CUDA libraries
+    assert "backend='transformers'" not in text
 
 
-def test_a_gpu_build_probes_a_model_once_before_the_backend_loads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpubox.tools.inference.backends import LlamaBackend
-
+def test_a_child_that_cannot_tell_is_not_remembered_and_a_pass_holds_only_for_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(load_probe, "gpu_build", lambda: True)  # as a CUDA build's files would say
     monkeypatch.setattr(load_probe, "_passed", set())
-    ran: list[tuple[str, ...]] = []
+    ran: list[dict[str, Any]] = []
     real = load_probe._run_child
-    monkeypatch.setattr(load_probe, "_run_child", lambda a, p, f: ran.append(f) or real(a, p, f))
-    for _ in range(2):
-        LlamaBackend(gguf(), 256, 0, "f16", 1).close()
-    assert len(ran) == 1 and (str(gguf()), ran[0]) in load_probe._passed  # the second load was not probed again
+    monkeypatch.setattr(load_probe, "_run_child", lambda a, p, f: ran.append(a) or real(a, p, f))
+    missing = tmp_path / "missing.gguf"
+    for _ in range(2):  # the child refuses a missing file: no verdict, so it is asked again next time
+        load_probe.check(missing, 512, -1, "f16", 1, None)
+    assert len(ran) == 2 and not load_probe._passed
+    load_probe.check(gguf(), 512, 0, "f16", 1, None)
+    load_probe.check(gguf(), 512, 0, "f16", 1, None)  # passed with these settings: not probed again
+    load_probe.check(gguf(), 512, -1, "f16", 1, None)  # offloaded this time: probed again, with one layer
+    assert len(ran) == 4 and ran[2]["n_gpu_layers"] == 0 and ran[3]["n_gpu_layers"] == 1
+    assert len(load_probe._passed) == 2
+
+
+def test_the_backend_probes_before_it_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpubox.tools.inference.backends import LlamaBackend
+
+    monkeypatch.setattr(load_probe, "gpu_build", lambda: True)
+    monkeypatch.setattr(load_probe, "_passed", set())
+    LlamaBackend(gguf(), 256, 0, "f16", 1).close()
+    assert [k[0] for k in load_probe._passed] == [str(gguf())]

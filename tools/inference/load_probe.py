@@ -2,10 +2,11 @@
 
 On an H200 box (bench/results/gpu_h200/) a CUDA build of llama-cpp-python loaded and ran a model alone, but ended
 the process with SIGSEGV when torch had been imported first, and `infer_load` ended the server the same way. So on
-a GPU build (a CUDA, Vulkan, Metal or ROCm ggml library beside llama.cpp's), each model is first loaded in a short
-child that imports what this process has (torch, ...) and loads through the same code with one layer offloaded
-and a small context; a crash there costs one clear error, not the server. A model that passed is not probed again
-in this process. CPU builds are not probed: nothing of this kind was seen there.
+a GPU build (a CUDA, HIP, Vulkan, Metal, SYCL or MUSA ggml library in the package), a model is first loaded in a
+short child that imports what this process has (torch, ..., in the same order), loads through the same code with
+at most one layer offloaded and a small context, and decodes two tokens; a crash there costs one clear error, not
+the server. A load that passed is not probed again in this process with the same settings. Not covered: torch
+imported after a model is loaded here. CPU builds are not probed: nothing of this kind was seen there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,26 +24,38 @@ from pathlib import Path
 
 from gpubox.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 PROBE_TIMEOUT_S = 300.0
 # native libraries this process may hold that the child loads first, as the server did
-FIRST = ("torch", "onnxruntime", "faiss", "sentence_transformers", "transformers")
-GPU_LIBS = ("ggml-cuda", "ggml-vulkan", "ggml-metal", "ggml-hip")
+FIRST = frozenset({"torch", "onnxruntime", "faiss", "sentence_transformers", "transformers"})
+GPU_LIBS = ("ggml-cuda", "ggml-hip", "ggml-vulkan", "ggml-metal", "ggml-sycl", "ggml-musa")
+SHARED = (".so", ".dylib", ".dll")
+LOADED, SETUP_FAILED = "gpubox-probe: loaded", 3
 
 _CHILD = r"""
-import json, sys
+import json, os, sys
 from pathlib import Path
 a = json.loads(sys.argv[1])
-for name in a["first"]:
-    __import__(name)
-if a["torch_cuda"]:
-    import torch
-    torch.cuda.init()
-from gpubox.tools.inference.backends import LlamaBackend
+try:
+    for name in a["first"]:
+        __import__(name)
+    if a["torch_cuda"]:
+        import torch
+        torch.cuda.init()
+    from gpubox.tools.inference.backends import LlamaBackend
+except BaseException as exc:
+    print(f"setup: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(3)
 lora = Path(a["lora"]) if a["lora"] else None
-LlamaBackend(Path(a["path"]), a["n_ctx"], a["n_gpu_layers"], a["kv"], a["threads"], lora, probe=False).close()
+b = LlamaBackend(Path(a["path"]), a["n_ctx"], a["n_gpu_layers"], a["kv"], a["threads"], lora, probe=False)
+b.llm.create_completion("Hello", max_tokens=2)  # the first decode: where cuBLAS handles and kernels start
+b.close()
+print("gpubox-probe: loaded", flush=True)
+os._exit(0)  # loaded and decoded: a fault while the interpreter tears down is not this load's
 """
 
-_passed: set[tuple[str, tuple[str, ...]]] = set()
+_passed: set[tuple[object, ...]] = set()
 _lock = threading.Lock()
 
 
@@ -50,23 +64,30 @@ def gpu_build() -> bool:
     """Whether the installed llama-cpp-python ships a GPU ggml library (read from its files: nothing is loaded)."""
     spec = importlib.util.find_spec("llama_cpp")
     roots = list(spec.submodule_search_locations or []) if spec else []
-    names = [p.name for root in roots for p in Path(root).rglob("*ggml*") if p.is_file()]
+    names = [p.name for root in roots for p in Path(root).rglob("*ggml*") if _shared_library(p.name)]
     return any(lib in n for n in names for lib in GPU_LIBS)
+
+
+def _shared_library(name: str) -> bool:
+    return name.endswith(SHARED) or ".so." in name  # libggml-cuda.so, .so.0, .dylib, .dll; not a header
+
+
+def _torch_cuda_started() -> bool:
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)  # None too while another thread is importing torch
+    try:
+        return bool(cuda is not None and cuda.is_initialized())
+    except Exception:  # a half-imported torch: treat its CUDA as not started
+        return False
 
 
 def check(path: Path, n_ctx: int, n_gpu_layers: int, kv: str, threads: int | None, lora: Path | None) -> None:
     """Raise ConfigError if loading `path` ends a child process set up like this one; no-op on CPU builds."""
-    first = tuple(m for m in FIRST if m in sys.modules)
-    key = (str(path), first)
-    with _lock:
-        if key in _passed:
-            return
     if not gpu_build():
         return
-    torch = sys.modules.get("torch")
+    first = tuple(m for m in list(sys.modules) if m in FIRST)  # sys.modules keeps import order
     args = {
         "first": first,
-        "torch_cuda": bool(torch is not None and getattr(torch.cuda, "is_initialized", lambda: False)()),
+        "torch_cuda": _torch_cuda_started(),
         "path": str(path),
         "n_ctx": min(n_ctx, 512),
         "n_gpu_layers": min(n_gpu_layers, 1) if n_gpu_layers >= 0 else 1,
@@ -74,32 +95,58 @@ def check(path: Path, n_ctx: int, n_gpu_layers: int, kv: str, threads: int | Non
         "threads": threads,
         "lora": str(lora) if lora else None,
     }
-    _run_child(args, path, first)
+    key = (args["path"], first, args["torch_cuda"], args["n_gpu_layers"], kv, args["lora"])
     with _lock:
-        _passed.add(key)
+        if key in _passed:
+            return
+    if _run_child(args, path, first):
+        with _lock:
+            _passed.add(key)
 
 
 def _run_child(args: dict[str, object], path: Path, first: tuple[str, ...]) -> bool:
-    """True when the child loaded the model; False when it refused it with an exception (the real load reports
-    that with its reason); ConfigError when a signal ended it."""
+    """True when the child loaded and decoded; False when it could not tell (it refused the model with an
+    exception, which the real load reports with its reason, or its setup failed: logged); ConfigError when a
+    signal ended it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    try:
+    try:  # -P: no working-directory module may shadow what the child imports
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, timeout=PROBE_TIMEOUT_S, env=env
+            [sys.executable, "-P", "-c", _CHILD, json.dumps(args)],
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         raise ConfigError(
-            f"loading {path} did not finish within {PROBE_TIMEOUT_S:.0f} s in a test process; not loaded here"
+            f"loading {path} in a child process (a check that a GPU build of llama.cpp does not crash this server) "
+            f"did not finish within {PROBE_TIMEOUT_S:.0f} s; the model was not loaded. Retry, or load it with "
+            "n_gpu_layers=0 to see whether the GPU is the cause"
         ) from None
+    out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    if LOADED in out:
+        return True
     if proc.returncode >= 0:
-        return proc.returncode == 0
-    sig = -proc.returncode
+        tail = err.strip().splitlines()[-1:] or ["no output"]
+        what = "could not start" if proc.returncode == SETUP_FAILED else "refused the model"
+        log.warning("llama.cpp load check for %s %s (exit %d): %s", path, what, proc.returncode, tail[0][:300])
+        return False
+    raise ConfigError(_crash_message(path, -proc.returncode, first, err))
+
+
+def _crash_message(path: Path, sig: int, first: tuple[str, ...], stderr: str) -> str:
     name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
-    with_first = f" after importing {', '.join(first)}" if first else ""
-    raise ConfigError(
-        f"loading {path} with this GPU build of llama-cpp-python crashed a process set up like this server "
-        f"({name}{with_first}); it was not loaded here, so the server is unaffected. Two sets of CUDA libraries in "
-        "one process (llama.cpp's and torch's) did this on an H200 box: load it with backend='transformers', or "
-        "build llama-cpp-python against the CUDA that torch uses, or run GGUF models in a server where nothing "
-        "has imported torch (bench/llama_cuda_bisect.py names the setting that crashes)"
+    last = [ln.strip() for ln in stderr.splitlines() if ln.strip()][-1:]
+    said = f"; it printed: {last[0][:200]}" if last else ""
+    head = (
+        f"loading {path} with this GPU build of llama-cpp-python crashed a child process set up like this server "
+        f"({name}{' after importing ' + ', '.join(first) if first else ''}{said}); it was not loaded here, so the "
+        "server is unaffected."
     )
+    if "torch" in first:
+        return head + (
+            " Two sets of CUDA libraries in one process (llama.cpp's and torch's) did this on an H200 box: build "
+            "llama-cpp-python against the CUDA that torch uses, load GGUF models in a server where nothing has "
+            "imported torch, or load it with backend='transformers' (needs gpubox[hf]; dequantises the GGUF, so "
+            "it takes more memory)"
+        )
+    return head + " Try n_gpu_layers=0, or another build of llama-cpp-python for this GPU and driver"
