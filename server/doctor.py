@@ -57,12 +57,20 @@ def _llama() -> dict[str, Any]:
         return {"installed": False}
     import llama_cpp
 
-    return {
+    from gpubox.tools.inference import load_probe
+
+    info = {
         "installed": True,
         "version": getattr(llama_cpp, "__version__", None),
         "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
     }
+    gguf = smollm2_gguf()
+    if load_probe.gpu_build() and gguf is not None:
+        # a GPU build that loads alone may still crash in a server that imported torch first (seen on an H200)
+        first = ("torch",) if is_available("torch") else ()
+        info["load_after_" + ("torch" if first else "nothing")] = load_probe.verdict(gguf, first)
+    return info
 
 
 def _faiss() -> dict[str, Any]:
@@ -145,6 +153,7 @@ def render(rep: DoctorReport) -> str:
         "llama.cpp: "
         + (
             f"{ll['version']} gpu_offload={ll['gpu_offload']}"
+            + "".join(f"; {k.replace('_', ' ')}: {v}" for k, v in ll.items() if k.startswith("load_after_"))
             if ll["installed"]
             else "not installed (pip install 'gpubox[llama]')"
         )

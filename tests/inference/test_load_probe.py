@@ -97,3 +97,14 @@ def test_the_backend_probes_before_it_loads(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(load_probe, "_passed", set())
     LlamaBackend(gguf(), 256, 0, "f16", 1).close()
     assert [k[0] for k in load_probe._passed] == [str(gguf())]
+
+
+def test_doctor_reports_whether_a_gpu_build_loads_after_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_without("hf")
+    from gpubox.doctor import _llama
+
+    monkeypatch.setattr(load_probe, "gpu_build", lambda: True)  # as a CUDA build's files would say
+    assert _llama()["load_after_torch"] == "ok"
+    (tmp_path / "native_crash.py").write_text("import ctypes\nctypes.string_at(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_probe.verdict(gguf(), ("native_crash",)).startswith("crashed: loading")

@@ -104,6 +104,16 @@ def check(path: Path, n_ctx: int, n_gpu_layers: int, kv: str, threads: int | Non
             _passed.add(key)
 
 
+def verdict(path: Path, first: tuple[str, ...]) -> str:
+    """For `gpubox doctor`: whether a GPU build loads `path` (one layer offloaded) after importing `first`."""
+    args = {"first": first, "torch_cuda": False, "path": str(path), "n_ctx": 256, "n_gpu_layers": 1, "kv": "f16",
+            "threads": None, "lora": None}  # fmt: skip
+    try:
+        return "ok" if _run_child(args, path, first) else "could not tell (the child failed; see the log)"
+    except ConfigError as exc:
+        return f"crashed: {exc}"
+
+
 def _run_child(args: dict[str, object], path: Path, first: tuple[str, ...]) -> bool:
     """True when the child loaded and decoded; False when it could not tell (it refused the model with an
     exception, which the real load reports with its reason, or its setup failed: logged); ConfigError when a
