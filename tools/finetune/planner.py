@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gpubox.tools.estimate.schemas import TrainingEstimate, TrainingOnGpu
     from gpubox.tools.estimate.service import Estimator
 
-SAMPLED_ROWS = data.SAMPLED_ROWS
 # tokens a row may gain over its measured length in training (the end-of-sequence token trl appends, a template's
 # generation prompt)
 TEMPLATE_MARGIN = 8
@@ -126,7 +125,7 @@ def planned_length(req: FinetuneRequest, summary: DatasetSummary) -> int:
     """The longest row a micro-batch can hold: trl pads each batch to its own longest row, so without packing no
     batch is longer than the dataset's longest row (when every row was measured). Planning every row at max_length
     put a QLoRA job whose rows were far shorter at 15x the memory it took (an H200, bench/results/gpu_h200/)."""
-    if req.packing or summary.rows > SAMPLED_ROWS:
+    if req.packing or summary.rows > data.SAMPLED_ROWS:
         return req.max_length
     return min(req.max_length, summary.token_length_percentiles["max"] + TEMPLATE_MARGIN)
 

@@ -115,7 +115,8 @@ class Finetuner:
         est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings, seq)
         micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
         if seq < req.max_length and on is not None:
-            why += f"; rows planned at {seq} tokens (the longest row + 8), not max_length {req.max_length}"
+            margin = planner.TEMPLATE_MARGIN
+            why += f"; rows planned at {seq} tokens (the longest row + {margin}), not max_length {req.max_length}"
         plan = FinetunePlan(
             plan_id=uuid.uuid4().hex[:12],
             request=req,
