@@ -32,7 +32,9 @@ log = logging.getLogger("gpubox.search")
 # 8: ...but not a `#endif` or `end # module` alone, nor the lines of a member class split inside it.
 # 9: a C++ line that is only an argument-less macro (`FMT_BEGIN_NAMESPACE`) is blanked before parsing; C# that
 #    does not parse is parsed again as if every `#if` held (first_branch).
-CHUNKER_VERSION = 9
+# 10: lines are cut at \n only, as tree-sitter counts them (a form feed no longer shifts every later chunk by a
+#     line); a file with something in it but no symbol and under three lines (`from .x import A`) is one chunk.
+CHUNKER_VERSION = 10
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 OVERLAP = 10
@@ -233,8 +235,23 @@ def _parse(parser: Any, src: bytes, language: str) -> Any:
     return tree
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines as tree-sitter numbers them: cut at \\n only (str.splitlines also cuts at \\f, \\v, \\x85, \\u2028, which
+    would put every chunk after a form feed a line off its symbol). `text` has \\r\\n and a lone \\r as \\n already."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _newlines(text: str) -> str:
+    """\\r\\n and a lone \\r (classic Mac files) as \\n, as editors count lines, before parsing and cutting."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
 def chunk_text(text: str, language: str) -> list[Chunk]:
-    lines = text.splitlines()
+    text = _newlines(text)
+    lines = split_lines(text)
     if not lines:
         return []
     kinds = SYMBOLS.get(language)
@@ -324,5 +341,7 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         if solid >= 3 or any(wrapped[k] and not _trivial(lines[k], language) for k in range(i, j)):
             out.extend(windows(lines, i, j, None, "module"))
         i = j
+    if not out:  # a file of one or two lines and no symbol (`pub use x::Y;`, `export * from './a'`) is still found
+        out = windows(lines, 0, len(lines), None, "module")
     out.sort(key=lambda c: (c.start_line, c.end_line))
     return out
