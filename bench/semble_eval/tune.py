@@ -94,6 +94,9 @@ def configs() -> dict[str, RankConfig]:
     # a name defined outside the index: the chunk that re-exports it (axum's `pub use axum_core::...::FromRequest`)
     for x in (0.0, 0.5, 2.0):
         out[f"re-export x{x}"] = replace(d, reexport=x)
+    # a symbol query's name that is a type and also functions/methods (class Double, a `Double(double)` handler)
+    for x in (0.0, 0.25, 0.5, 0.75):
+        out[f"type first x{x}"] = replace(d, type_first=x)
     return out
 
 

@@ -417,7 +417,8 @@ def test_the_class_in_the_header_outranks_its_out_of_line_constructor_and_the_cc
     fused = [Scored(2, 0.09, ["symbol", "lexical"]), Scored(1, 0.08, ["symbol", "lexical"])]
     fused += [Scored(3, 0.05, ["lexical"]), Scored(4, 0.05, ["lexical"])]
     assert rerank(fused, rows, profile)[0].id == 1
-    assert rerank(fused, rows, profile, replace(DEFAULT, constructor=1.0))[0].id == 2  # the rule is what decides
+    # the rules are what decide: the constructor's own, and the type's over functions of its name
+    assert rerank(fused, rows, profile, replace(DEFAULT, constructor=1.0, type_first=1.0))[0].id == 2
 
 
 @pytest.mark.parametrize(
