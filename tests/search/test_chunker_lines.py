@@ -56,3 +56,21 @@ def test_short_gaps_beside_symbols_are_still_left_out() -> None:
 
 def test_a_blank_file_has_no_chunk() -> None:
     assert chunk_text("\n\n  \n", "python") == []
+
+
+def test_a_stray_carriage_return_in_a_newline_file_is_no_line_break() -> None:
+    # grep -n, sed and git number `f` line 2 here: only a file with no \n at all is a classic Mac file
+    chunks = chunk_text("x = 1\r\r\ndef f():\r\n    return 1\r\n", "python")
+    assert [(c.symbol, c.start_line, c.end_line) for c in chunks] == [("f", 2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("source", "language"),
+    [
+        ("}\n", "javascript"),  # braces and comments only: nothing to find
+        ("// generated\n/* empty */\n", "typescript"),
+        ("!function(){" + "var a=1;" * 400 + "}();\n", "javascript"),  # a one-line bundle without a .min.js name
+    ],
+)
+def test_a_short_file_of_nothing_to_find_stays_unchunked(source: str, language: str) -> None:
+    assert chunk_text(source, language) == []

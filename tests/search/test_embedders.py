@@ -93,6 +93,17 @@ def test_a_model2vec_folder_is_detected_and_gives_normalised_vectors(m2v_model: 
     assert embedder.encode([]).shape == (0, PCA_DIMS)
 
 
+def test_a_model2vec_model_reads_as_many_tokens_as_the_setting_says(m2v_model: Path) -> None:
+    # search_embed_max_tokens is recorded per index and re-embeds it when changed: the vectors must change with it
+    long = " ".join(
+        ["def retry_with_backoff(fn, attempts):"] + [f"token_bucket_{i} = rate_limiter({i})" for i in range(200)]
+    )
+    short, wide = Embedder(m2v_model, max_seq_length=32), Embedder(m2v_model, max_seq_length=512)
+    a, b = short.encode([long, "retry with backoff"]), wide.encode([long, "retry with backoff"])
+    assert float(a[0] @ b[0]) < 0.999  # the long text is cut at 32 tokens in one, not the other
+    assert float(a[1] @ b[1]) == pytest.approx(1.0, abs=1e-5)  # a short text is read whole by both
+
+
 def test_a_configured_sentence_transformers_folder_still_loads_with_sentence_transformers() -> None:
     embedder = Embedder(default_model_path(_minilm()))
     assert embedder.backend == "sentence-transformers" and embedder.dimension() == 384

@@ -39,3 +39,26 @@ def test_a_question_naming_the_type_leaves_methods_alone() -> None:
     assert [s.id for s in rerank(FUSED, ROWS, profile)] == [
         s.id for s in rerank(FUSED, ROWS, profile, replace(DEFAULT, type_first=1.0))
     ]
+
+
+def test_a_type_that_only_holds_a_member_of_the_name_leaves_the_functions_alone() -> None:
+    # `class Parser` holding `def parse_args` defines parse_args by its text, but names no type parse_args
+    holder = ChunkRow(1, "parser.py", 1, 6, "Parser", "class", "python", "class Parser:\n    def parse_args(self): ...")
+    func = ChunkRow(2, "cli.py", 10, 14, "parse_args", "function", "python", "def parse_args(argv):\n    ...")
+    rows = {r.id: r for r in (holder, func)}
+    fused = [Scored(2, 0.09, ["symbol"]), Scored(1, 0.085, ["symbol"])]
+    on = rerank(fused, rows, classify("parse_args"))
+    assert on[0].id == 2
+    assert [(s.id, s.score) for s in on] == [
+        (s.id, s.score) for s in rerank(fused, rows, classify("parse_args"), replace(DEFAULT, type_first=1.0))
+    ]
+
+
+def test_a_type_in_another_case_than_the_query_does_not_push_the_function_down() -> None:
+    cls = ChunkRow(1, "settings.py", 1, 9, "Config", "class", "python", "class Config:\n    debug = False")
+    func = ChunkRow(2, "app.py", 30, 34, "config", "function", "python", "def config(app):\n    ...")
+    rows = {r.id: r for r in (cls, func)}
+    fused = [Scored(1, 0.09, ["symbol"]), Scored(2, 0.085, ["symbol"])]
+    on = rerank(fused, rows, classify("config"))
+    off = rerank(fused, rows, classify("config"), replace(DEFAULT, type_first=1.0))
+    assert [(s.id, s.score) for s in on] == [(s.id, s.score) for s in off]

@@ -37,6 +37,7 @@ log = logging.getLogger("gpubox.search")
 CHUNKER_VERSION = 10
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
+SHORT_FILE_CHARS = 2_000  # a file of under three lines and no symbol is one chunk up to this size
 OVERLAP = 10
 
 # a line that holds nothing to search: braces (and a comment after them), a comment, a closing `end`, a C/C++
@@ -245,8 +246,12 @@ def split_lines(text: str) -> list[str]:
 
 
 def _newlines(text: str) -> str:
-    """\\r\\n and a lone \\r (classic Mac files) as \\n, as editors count lines, before parsing and cutting."""
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+    """\\r\\n as \\n before parsing and cutting; a lone \\r too, but only in a file with no \\n (classic Mac): in any
+    other file it is a stray byte that grep, sed and git count as no line break either."""
+    if "\r" not in text:
+        return text
+    text = text.replace("\r\n", "\n")
+    return text if "\n" in text else text.replace("\r", "\n")
 
 
 def chunk_text(text: str, language: str) -> list[Chunk]:
@@ -341,7 +346,9 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
         if solid >= 3 or any(wrapped[k] and not _trivial(lines[k], language) for k in range(i, j)):
             out.extend(windows(lines, i, j, None, "module"))
         i = j
-    if not out:  # a file of one or two lines and no symbol (`pub use x::Y;`, `export * from './a'`) is still found
+    # a file of one or two lines and no symbol (`pub use x::Y;`, `export * from './a'`) is still found; not one that
+    # holds only braces or comments, nor a one-line bundle (`!function(){...}()`, no `.min.js` name to skip it by)
+    if not out and len(text) <= SHORT_FILE_CHARS and not all(_trivial(line, language) for line in lines):
         out = windows(lines, 0, len(lines), None, "module")
     out.sort(key=lambda c: (c.start_line, c.end_line))
     return out

@@ -225,9 +225,14 @@ class Embedder:
 
     def _encode_batch(self, model: Any, texts: list[str]) -> Any:
         if self.backend == "model2vec":
-            # no worker processes inside the server; 512 tokens is model2vec's own default truncation
+            # no worker processes inside the server; it reads as many tokens as the setting says (indexes record
+            # that number, so a change re-embeds: it must change the vectors too)
             return model.encode(
-                texts, batch_size=max(len(texts), 1), show_progress_bar=False, use_multiprocessing=False
+                texts,
+                batch_size=max(len(texts), 1),
+                show_progress_bar=False,
+                use_multiprocessing=False,
+                max_length=self.max_seq_length,
             )
         # encode_document applies the model's document prompt where it has one (jina-code, nomic); MiniLM has none.
         # Normalised below in fp32: a bf16 normalisation leaves norms off 1 by ~1e-3.

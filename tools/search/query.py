@@ -321,7 +321,7 @@ def snippet(text: str, query: str, budget: int) -> tuple[str, bool]:
     """The chunk, or a window of it around the first line matching a query word, within `budget` characters."""
     if len(text) <= budget:
         return text, False
-    lines = text.splitlines()
+    lines = text.split("\n")  # as the chunker cut it: a form feed inside a line is no line break
     words = [w.lower() for w in WORD.findall(query) if len(w) > 2]
     start = next((i for i, line in enumerate(lines) if any(w in line.lower() for w in words)), 0)
     start = max(0, start - 2)

@@ -286,9 +286,10 @@ def rerank(
     any_def = any(rows[s.id].kind in DEFINITION_KINDS for s in out)
     asks_prose = cfg.prose == 1.0 or any(w in PROSE_WORDS for w in profile.words)
     stems: dict[str, float] = {}  # per file, not per chunk: ~100 candidates share a handful of paths
-    strengths = {s.id: definition_strength(rows[s.id], profile.identifiers, cfg.constructor) for s in out}
+    idents = profile.identifiers
+    strengths = {s.id: definition_strength(rows[s.id], idents, cfg.constructor) if idents else 0.0 for s in out}
     defined = any(strengths.values())
-    typed = cfg.type_first < 1.0 and profile.kind == "symbol" and _names_a_type(out, rows, strengths)
+    typed = cfg.type_first < 1.0 and profile.kind == "symbol" and _names_a_type(out, rows, idents)
     for s in out:
         r = rows[s.id]
         bonus = 0.0
@@ -336,8 +337,11 @@ def rerank(
     return out
 
 
-def _names_a_type(out: list[Scored], rows: dict[int, ChunkRow], strengths: dict[int, float]) -> bool:
-    return any(strengths[s.id] >= 1.0 and rows[s.id].kind in TYPE_KINDS for s in out)
+def _names_a_type(out: list[Scored], rows: dict[int, ChunkRow], identifiers: tuple[str, ...]) -> bool:
+    """A candidate is a type named exactly as the query writes the name: its own name, in the query's case (a class
+    that merely holds a `def parse_args`, or `class Config` for the query `config`, names no type of that name)."""
+    names = {last_part(i) for i in identifiers}
+    return any(rows[s.id].kind in TYPE_KINDS and last_part(rows[s.id].symbol or "") in names for s in out)
 
 
 def _reexport_bonus(out: list[Scored], rows: dict[int, ChunkRow], identifiers: tuple[str, ...], bonus: float) -> None:
