@@ -29,7 +29,13 @@ from gpubox.tools.search.rank import RankConfig, classify  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 
-FOLDERS = {"once": "annotations", "shared": "annotations_shared", "dressed": "annotations", "undressed": "annotations"}
+FOLDERS = {
+    "once": "annotations",
+    "shared": "annotations_shared",
+    "prominent": "annotations_prominent",
+    "dressed": "annotations",
+    "undressed": "annotations",
+}
 GENERIC = (".java", ".cs", ".ts", ".kt", ".swift", ".scala", ".rs", ".h", ".hpp", ".cc", ".cpp")
 PHP_NAMESPACE = re.compile(r"^namespace\s+([\w\\]+)\s*;", re.MULTILINE)
 
@@ -103,7 +109,9 @@ def evaluate(cfg: RankConfig, data: Data) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", type=lambda s: s.split(","), default=["once", "shared", "dressed", "undressed"])
+    ap.add_argument(
+        "--set", type=lambda s: s.split(","), default=["once", "shared", "prominent", "dressed", "undressed"]
+    )
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
     args = ap.parse_args()
     data = collect(args.set, args.corpora)

@@ -28,6 +28,7 @@ from gpubox.app import build_server, state_of  # noqa: E402
 from gpubox.settings import Settings  # noqa: E402
 
 STATE = Path(os.environ.get("SYMBOL_EVAL_STATE") or "/tmp/symbol_eval_state")
+FOLDERS = {"once": "annotations", "shared": "annotations_shared", "prominent": "annotations_prominent"}
 
 
 async def run(
@@ -65,10 +66,10 @@ def main() -> None:
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/cppcorp"))
     ap.add_argument("--modes", type=lambda s: s.split(","), default=["hybrid", "vector", "lexical"])
     ap.add_argument("--out", type=Path, default=Path("/tmp/symbol_eval_hits.jsonl"))
-    ap.add_argument("--set", choices=["once", "shared"], default="once", help="build_queries.py's query set")
+    ap.add_argument("--set", choices=sorted(FOLDERS), default="once", help="build_queries.py's query set")
     ap.add_argument("--repos", type=lambda s: s.split(","), default=None, help="only these (sources.json names)")
     args = ap.parse_args()
-    folder = "annotations" if args.set == "once" else "annotations_shared"
+    folder = FOLDERS[args.set]
     table = anyio.run(run, args.corpora, args.modes, args.out, folder, args.repos)
     print("| repo | " + " | ".join(args.modes) + " |\n|---|" + "---|" * len(args.modes))
     for repo, row in table.items():

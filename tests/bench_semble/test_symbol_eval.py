@@ -37,3 +37,18 @@ def test_only_names_defined_once_outside_tests_become_queries(tmp_path: Path) ->
     assert all(i["category"] == "symbol" and i["secondary"] == [] for i in items)
     assert items == build.queries(tmp_path, "t", "C,C++")  # the same draw every time
     json.dumps(items)  # written as semble's annotation files are
+
+
+def test_prominent_names_are_the_most_mentioned_types_defined_once(tmp_path: Path) -> None:
+    files = {
+        **FILES,
+        "src/user.cc": '#include "cache.h"\nnamespace db {\nLruCache* Make();\nvoid Use(LruCache& c, Options o);\n}\n',
+        "src/other.cc": "namespace db {\nvoid Other(LruCache* c);\nstruct Rare { int r; };\n}\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    items = build.prominent_queries(tmp_path, "t", "C,C++")
+    # LruCache (4 files name it) before Rare (1); Options is defined twice, FakeClock only in tests, Ab too short,
+    # ComputeChecksum no type
+    assert [(i["query"], i["relevant"][0]) for i in items] == [("LruCache", "src/cache.h"), ("Rare", "src/other.cc")]

@@ -34,7 +34,9 @@ log = logging.getLogger("gpubox.search")
 #    does not parse is parsed again as if every `#if` held (first_branch).
 # 10: lines are cut at \n only, as tree-sitter counts them (a form feed no longer shifts every later chunk by a
 #     line); a file with something in it but no symbol and under three lines (`from .x import A`) is one chunk.
-CHUNKER_VERSION = 10
+# 11: a C++ class head with an attribute macro and a `[[nodiscard]]` (googletest's `class GTEST_API_ [[nodiscard]]
+#     UnitTest {`) is read as a class: it was a function, and the rest of gtest.h one long method.
+CHUNKER_VERSION = 11
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 SHORT_FILE_CHARS = 2_000  # a file of under three lines and no symbol is one chunk up to this size
@@ -165,8 +167,9 @@ def _bats(lines: list[str]) -> tuple[str, dict[int, str]]:
 _MACRO = r"[A-Z][A-Z0-9_]{2,}(?:\([^()\n]*\))?"
 # the class's name follows: not `final` (`class RGB final {` names RGB), then a base list, template arguments, a
 # body's brace (not a brace initialiser `struct RGB_COLOR c{1, 2, 3};`) or the end of the line
+_ATTRIBUTE = r"\[\[[^\[\]\n]*\]\]"  # C++11 `[[nodiscard]]`: alone the grammar reads it, beside a macro it does not
 _CLASS_MACROS = re.compile(
-    rf"\b(?:class|struct|union|enum(?:[ \t]+(?:class|struct))?)[ \t]+((?:{_MACRO}[ \t]+){{1,4}})"
+    rf"\b(?:class|struct|union|enum(?:[ \t]+(?:class|struct))?)[ \t]+((?:(?:{_MACRO}|{_ATTRIBUTE})[ \t]+){{1,4}})"
     rf"(?=(?!final\b)[A-Za-z_]\w*(?:[ \t]+final)?(?:[ \t]*[:<]|[ \t]+\{{|[ \t]*\{{?[ \t]*\r?$))".encode(),
     re.MULTILINE,
 )

@@ -26,13 +26,8 @@ EXCLUDED_DIRS = {
     ".mypy_cache",
     ".pytest_cache",
     ".ruff_cache",
-    "build",
-    "dist",
-    "target",
-    "out",
     ".next",
     ".nuxt",
-    "coverage",
     ".gradle",
     ".idea",
     ".vscode",
@@ -43,6 +38,23 @@ EXCLUDED_DIRS = {
     ".cache",
     "site-packages",
 }
+# where builds write their output: skipped beside a build manifest (a project's or package's own folder), kept
+# inside a source tree, where such a name is a package (commons-io's org/apache/commons/io/build/, date-fns'
+# scripts/build/); .gitignore rules apply to both
+OUTPUT_DIRS = {"build", "dist", "target", "out", "coverage"}
+MANIFESTS = {
+    "package.json", "Cargo.toml", "pom.xml", "build.gradle", "build.gradle.kts", "settings.gradle", "build.sbt",
+    "setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt", "Makefile", "GNUmakefile", "meson.build",
+    "configure", "configure.ac", "go.mod", "mix.exs", "build.zig", "composer.json", "Gemfile", "Package.swift",
+    "stack.yaml", "cabal.project", "deno.json", "BUILD", "BUILD.bazel",
+}  # fmt: skip
+MANIFEST_SUFFIXES = (".csproj", ".fsproj", ".vbproj", ".sln", ".cabal", ".gemspec", ".rockspec", ".nimble")
+
+
+def _beside_manifest(filenames: list[str]) -> bool:
+    return any(f in MANIFESTS or f.endswith(MANIFEST_SUFFIXES) for f in filenames)
+
+
 LOCK_FILES = {
     "package-lock.json",
     "yarn.lock",
@@ -234,6 +246,8 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
             full = dirpath / d
             if d in EXCLUDED_DIRS or d.endswith(".egg-info"):
                 excluded[f"default-excluded directory ({d})"] += 1
+            elif d in OUTPUT_DIRS and _beside_manifest(filenames):
+                excluded[f"build output ({d})"] += 1
             elif full.is_symlink():
                 excluded["symlinked directory"] += 1
             elif ignored(full, True):
