@@ -15,7 +15,7 @@ BODY = " {\n public:\n  int Run();\n  int x_;\n};\n"
         "class GTEST_API_ [[nodiscard]] UnitTest",
         "class [[nodiscard]] GTEST_API_ UnitTest",
         "class [[nodiscard]] UnitTest : public Test",
-        "struct [[deprecated(\"use Other\")]] ABSL_MUST_USE_RESULT UnitTest",
+        'struct [[deprecated("use Other")]] ABSL_MUST_USE_RESULT UnitTest',
     ],
 )
 def test_a_class_head_with_attributes_and_macros_is_a_class(head: str) -> None:
@@ -27,3 +27,27 @@ def test_the_classes_after_such_a_head_keep_their_names() -> None:
     # before, the grammar read the first head as a function and everything after it as one method's windows
     source = "class GTEST_API_ [[nodiscard]] A" + BODY + "\nclass [[nodiscard]] B : public A" + BODY
     assert [(c.kind, c.symbol) for c in chunk_text(source, "cpp")] == [("class", "A"), ("class", "B")]
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        "SPDLOG_INLINE spdlog::log_clock::time_point now() SPDLOG_NOEXCEPT {",
+        "std::tm now(const std::time_t &t) const FMT_NOEXCEPT {",
+        "std::tm now() ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {",
+    ],
+)
+def test_a_macro_after_the_parameter_list_keeps_the_function(signature: str) -> None:
+    source = "namespace os {\n" + signature + "\n    return make();\n}\n}  // namespace os\n"
+    names = [(c.kind, c.symbol) for c in chunk_text(source, "cpp")]
+    assert ("function", "now") in names or ("method", "now") in names
+
+
+def test_a_statement_macro_in_a_body_is_left_in_the_chunk_text() -> None:
+    source = "void f(int x) {\n  if (x) LOG_FATAL_IF(x);\n  g(x) TRAILING_THING;\n}\n"
+    chunks = chunk_text(source, "cpp")
+    assert [(c.symbol, c.text) for c in chunks] == [("f", source.rstrip("\n"))]  # blanking is for the parse only
+
+
+def test_a_long_run_of_macro_words_after_a_parenthesis_is_chunked_in_linear_time() -> None:
+    chunk_text("f() " + "A_" * 100_000 + "x (\n" + ") " + "AB_CD " * 50_000 + "(\n", "cpp")  # would hang if cubic

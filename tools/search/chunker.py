@@ -35,7 +35,8 @@ log = logging.getLogger("gpubox.search")
 # 10: lines are cut at \n only, as tree-sitter counts them (a form feed no longer shifts every later chunk by a
 #     line); a file with something in it but no symbol and under three lines (`from .x import A`) is one chunk.
 # 11: a C++ class head with an attribute macro and a `[[nodiscard]]` (googletest's `class GTEST_API_ [[nodiscard]]
-#     UnitTest {`) is read as a class: it was a function, and the rest of gtest.h one long method.
+#     UnitTest {`) is read as a class: it was a function, and the rest of gtest.h one long method; a macro after a
+#     parameter list (`now() SPDLOG_NOEXCEPT {`) is blanked.
 CHUNKER_VERSION = 11
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
@@ -182,6 +183,14 @@ _LEADING_ATTRIBUTE = re.compile(
 # at the start of its line with no `;` after it: an indented `SOME_CONSTANT` ending an expression or an enum is no
 # namespace macro (and one blank run, not two around an optional character, keeps the match linear)
 _MACRO_LINE = re.compile(rb"^([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
+# after a parameter list (and `const`, `&`), before the body, `;`, an initialiser list, `= default` or the line's end:
+# spdlog's `now() SPDLOG_NOEXCEPT {` made the grammar drop the function (a declaration's `SPDLOG_NOEXCEPT;` too)
+_TRAILING_MACRO = re.compile(
+    rb"\)[ \t]*(?:const[ \t]*)?(?:&&?[ \t]*)?([A-Z][A-Z0-9]*_[A-Z0-9_]+(?:\([^()\n]*\))?"
+    rb"(?:[ \t]+[A-Z][A-Z0-9]*_[A-Z0-9_]+(?:\([^()\n]*\))?){0,2}[ \t]*)"
+    rb"(?=override\b|final\b|[{;:=]|\r?$)",
+    re.MULTILINE,
+)
 
 
 def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
@@ -226,7 +235,9 @@ def first_branch(src: bytes) -> bytes:
 def without_macros(src: bytes, cpp: bool = True) -> bytes:
     """`src` with the macros that break C/C++ definitions blanked (same length, same lines)."""
     src = _blank(src, _CLASS_MACROS, 1)
-    return _blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1) if cpp else src
+    if not cpp:
+        return src
+    return _blank(_blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1), _TRAILING_MACRO, 1)
 
 
 def _parse(parser: Any, src: bytes, language: str) -> Any:
