@@ -54,4 +54,14 @@ def compound_names(text: str, kind: Literal["symbol", "mixed", "nl"], identifier
                         names += ["".join(head) + last, "_".join([*head, last])]
     # three-word names first, but never more than a third of the budget: a long query keeps its two-word names
     three = list(dict.fromkeys(by_length[3]))[: MAX_COMPOUNDS // 3]
-    return tuple(dict.fromkeys(three + by_length[2]))[:MAX_COMPOUNDS]
+    return tuple(dict.fromkeys(three + by_length[2] + _capitalised(text, written)))[:MAX_COMPOUNDS]
+
+
+_CAPITALISED = re.compile(r"(?<![\w.])[A-Z][a-z]{2,}(?![\w.])")
+
+
+def _capitalised(text: str, written: set[str]) -> list[str]:
+    """One capitalised word as a type's name ('how Key type is used as object field identifier' -> Key, 'Response
+    type and HTTP response construction' -> Response): looked up among types only, as the longer names are."""
+    words = [m.group().lower() for m in _CAPITALISED.finditer(text)]
+    return [w for w in words if w not in STOPWORDS and w not in written]
