@@ -51,3 +51,15 @@ def test_a_statement_macro_in_a_body_is_left_in_the_chunk_text() -> None:
 
 def test_a_long_run_of_macro_words_after_a_parenthesis_is_chunked_in_linear_time() -> None:
     chunk_text("f() " + "A_" * 100_000 + "x (\n" + ") " + "AB_CD " * 50_000 + "(\n", "cpp")  # would hang if cubic
+
+
+@pytest.mark.parametrize(
+    "directive",
+    [
+        "#define CHECK_OK(a) ABSL_PREDICT_TRUE(a)",  # blanked, the macro's value would become the next line
+        "#if defined(FOO) && FOO_BAR",  # `&& FOO_BAR` is no reference qualifier and a macro after it
+    ],
+)
+def test_preprocessor_lines_are_left_as_written(directive: str) -> None:
+    source = directive + "\nint g() { return 1; }\n" + ("#endif\n" if directive.startswith("#if") else "")
+    assert ("function", "g") in [(c.kind, c.symbol) for c in chunk_text(source, "cpp")]

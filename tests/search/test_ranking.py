@@ -399,6 +399,8 @@ def test_the_symbol_leg_finds_a_qualified_name_by_its_last_part(tmp_path: Path) 
         ("absl/strings/ascii.cc", False),
         ("lib/contest.cc", False),
         ("src/latest.c", False),
+        ("src/main/java/org/apache/commons/io/build/AbstractOrigin.java", False),  # a package named build
+        ("web/dist/bundle.js", True),
     ],
 )
 def test_cpp_test_files_are_known_by_every_usual_extension(path: str, test: bool) -> None:

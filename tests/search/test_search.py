@@ -76,7 +76,7 @@ async def test_ignore_rules_and_default_excludes_keep_files_out(search_env: Any,
     async with Client(search_env[0]) as client:
         res = await call_ok(client, "search_index", path=str(repo), name="repo", dry_run=True)
         excluded = res["excluded"]
-        assert excluded.get(".gitignore", 0) >= 3  # app.log, secrets.txt, generated/ (build/ is a default)
+        assert excluded.get(".gitignore", 0) >= 3  # app.log, secrets.txt, generated/, build/
         assert excluded.get("lock file") == 1 and excluded.get("generated") == 1  # package-lock, *.min.js
         assert any("node_modules" in k for k in excluded)
         res = await call_ok(client, "search_code", query="api_key do-not-index-me leftpad", index="repo", k=20)

@@ -54,3 +54,26 @@ def test_a_csproj_or_gemspec_marks_a_project_folder_too(tmp_path: Path) -> None:
     result = walk(root, WalkOptions())
     assert not [p for p, _ in result.files if p.startswith(("App/out/", "gem/build/"))]
     assert result.excluded["build output (out)"] == 1 and result.excluded["build output (build)"] == 1
+
+
+def test_dotnet_and_xcode_outputs_and_a_scripts_bin_folder(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "Lib/Lib.csproj": "<Project/>",
+            "Lib/obj/Debug/Lib.AssemblyInfo.cs": "class Gen {}\n",
+            "Lib/bin/Debug/Lib.cs": "class Gen {}\n",
+            "Lib/Api.cs": "class Api {}\n",
+            "App/App.xcodeproj/project.pbxproj": "",
+            "App/build/Gen.swift": "struct Gen {}\n",
+            "App/Main.swift": "struct Main {}\n",
+            "tools/bin/release.sh": "echo release\n",  # scripts, not .NET output
+            "mill/build.mill": "",
+            "mill/out/gen.scala": "object Gen\n",
+        },
+    )
+    result = walk(root, WalkOptions())
+    paths = {p for p, _ in result.files}
+    assert {"Lib/Api.cs", "App/Main.swift", "tools/bin/release.sh"} <= paths
+    assert not {p for p in paths if p.startswith(("Lib/obj/", "Lib/bin/", "App/build/", "mill/out/"))}
+    assert result.excluded["build output (obj)"] == 1 and result.excluded["build output (bin)"] == 1

@@ -193,10 +193,14 @@ _TRAILING_MACRO = re.compile(
 )
 
 
-def _blank(src: bytes, pattern: re.Pattern[bytes], group: int) -> bytes:
+def _blank(src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool = False) -> bytes:
+    """`src` with each match's `group` as spaces; `code_only`: not on a preprocessor line (`#define X(a) FOO(a)`
+    blanked to an empty value makes the grammar take the next line as the macro's body)."""
     out = bytearray(src)
     for m in pattern.finditer(src):
         a, b = m.span(group)
+        if code_only and src[src.rfind(b"\n", 0, a) + 1 : a].lstrip(b" \t").startswith(b"#"):
+            continue
         out[a:b] = b" " * (b - a)
     return bytes(out)
 
@@ -237,7 +241,7 @@ def without_macros(src: bytes, cpp: bool = True) -> bytes:
     src = _blank(src, _CLASS_MACROS, 1)
     if not cpp:
         return src
-    return _blank(_blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1), _TRAILING_MACRO, 1)
+    return _blank(_blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1), _TRAILING_MACRO, 1, code_only=True)
 
 
 def _parse(parser: Any, src: bytes, language: str) -> Any:

@@ -22,7 +22,9 @@ _TEST_FILE = re.compile(
     r"|test_helpers?[^/]*\.\w+)$"
 )
 _TEST_DIR = re.compile(r"(?:^|/)(?:tests?|__tests__|spec|testing)/")
-_VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|build|generated|_generated)/")
+# not `build/`: the walker skips build output beside a manifest, and what it keeps under that name is a package
+# (commons-io's org/apache/commons/io/build, date-fns' scripts/build)
+_VENDOR_DIR = re.compile(r"(?:^|/)(?:vendor|third_party|node_modules|dist|generated|_generated)/")
 _GENERATED_FILE = re.compile(r"(?:\.min\.js|\.pb\.go|_pb2\.py|\.generated\.\w+|\.d\.ts)$")
 _EXAMPLE_DIR = re.compile(r"(?:^|/)(?:_?examples?|docs?_src|compat|_compat|legacy)/")
 _VERSION_DIR = re.compile(r"v(\d+)(?:(alpha|beta)(\d*))?")

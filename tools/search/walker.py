@@ -43,16 +43,27 @@ EXCLUDED_DIRS = {
 # scripts/build/); .gitignore rules apply to both
 OUTPUT_DIRS = {"build", "dist", "target", "out", "coverage"}
 MANIFESTS = {
-    "package.json", "Cargo.toml", "pom.xml", "build.gradle", "build.gradle.kts", "settings.gradle", "build.sbt",
-    "setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt", "Makefile", "GNUmakefile", "meson.build",
-    "configure", "configure.ac", "go.mod", "mix.exs", "build.zig", "composer.json", "Gemfile", "Package.swift",
-    "stack.yaml", "cabal.project", "deno.json", "BUILD", "BUILD.bazel",
+    "package.json", "Cargo.toml", "pom.xml", "build.gradle", "build.gradle.kts", "settings.gradle",
+    "settings.gradle.kts", "build.sbt", "build.mill", "build.sc", "setup.py", "setup.cfg", "pyproject.toml",
+    "CMakeLists.txt", "Makefile", "GNUmakefile", "meson.build", "configure", "configure.ac", "go.mod", "mix.exs",
+    "build.zig", "composer.json", "Gemfile", "Package.swift", "pubspec.yaml", "stack.yaml", "cabal.project",
+    "deno.json", "deno.jsonc", "BUILD", "BUILD.bazel", "BUILD.gn", ".gn",
 }  # fmt: skip
 MANIFEST_SUFFIXES = (".csproj", ".fsproj", ".vbproj", ".sln", ".cabal", ".gemspec", ".rockspec", ".nimble")
+DOTNET_OUTPUT_DIRS = {"bin", "obj"}  # only beside a .NET project file: elsewhere `bin/` holds scripts
+DOTNET_PROJECTS = (".csproj", ".fsproj", ".vbproj")
 
 
-def _beside_manifest(filenames: list[str]) -> bool:
-    return any(f in MANIFESTS or f.endswith(MANIFEST_SUFFIXES) for f in filenames)
+def _build_output(name: str, filenames: list[str], dirnames: list[str]) -> bool:
+    """`name`, a folder beside `filenames` and `dirnames`, is where a build there writes (an Xcode project is a
+    folder, `App.xcodeproj`)."""
+    if name in DOTNET_OUTPUT_DIRS:
+        return any(f.endswith(DOTNET_PROJECTS) for f in filenames)
+    if name not in OUTPUT_DIRS:
+        return False
+    return any(f in MANIFESTS or f.endswith(MANIFEST_SUFFIXES) for f in filenames) or any(
+        d.endswith(".xcodeproj") for d in dirnames
+    )
 
 
 LOCK_FILES = {
@@ -246,7 +257,7 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
             full = dirpath / d
             if d in EXCLUDED_DIRS or d.endswith(".egg-info"):
                 excluded[f"default-excluded directory ({d})"] += 1
-            elif d in OUTPUT_DIRS and _beside_manifest(filenames):
+            elif _build_output(d, filenames, dirnames):
                 excluded[f"build output ({d})"] += 1
             elif full.is_symlink():
                 excluded["symlinked directory"] += 1
