@@ -63,3 +63,7 @@ def test_a_long_run_of_macro_words_after_a_parenthesis_is_chunked_in_linear_time
 def test_preprocessor_lines_are_left_as_written(directive: str) -> None:
     source = directive + "\nint g() { return 1; }\n" + ("#endif\n" if directive.startswith("#if") else "")
     assert ("function", "g") in [(c.kind, c.symbol) for c in chunk_text(source, "cpp")]
+
+
+def test_many_macro_calls_on_one_long_line_are_chunked_in_linear_time() -> None:
+    chunk_text("f() FOO_BAR;" * 100_000, "cpp")  # each match looked back to its line's start: quadratic before

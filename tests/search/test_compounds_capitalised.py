@@ -17,6 +17,9 @@ def test_capitalised_words_join_the_compound_names_and_sentence_words_do_not() -
     assert "response" in classify("Response type and HTTP response construction in Vapor").compounds
     # a qualified or written identifier is the symbol leg's, and an acronym or a two-letter word is no type name
     assert not {"flask", "route", "http", "io"} & set(classify("what does Flask.route do over HTTP and IO").compounds)
+    for query in ("how does Foo::Bar work", "\\Monolog\\Logger in Data/Aeson/Key.hs", "is Rack#call rack"):
+        assert not {"foo", "bar", "monolog", "logger", "data", "aeson", "key", "rack"} & set(classify(query).compounds)
+    assert {"handler", "response"} <= set(classify("Responses are built by Handlers").compounds)  # singular too
 
 
 def test_the_compound_leg_finds_the_type_a_capitalised_word_names(tmp_path: Path) -> None:

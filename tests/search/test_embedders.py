@@ -102,6 +102,8 @@ def test_a_model2vec_model_reads_as_many_tokens_as_the_setting_says(m2v_model: P
     a, b = short.encode([long, "retry with backoff"]), wide.encode([long, "retry with backoff"])
     assert float(a[0] @ b[0]) < 0.999  # the long text is cut at 32 tokens in one, not the other
     assert float(a[1] @ b[1]) == pytest.approx(1.0, abs=1e-5)  # a short text is read whole by both
+    # a query is cut where chunks are, so a long pasted query meets chunks read the same way
+    assert float(short.encode_query(long) @ a[0]) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_configured_sentence_transformers_folder_still_loads_with_sentence_transformers() -> None:

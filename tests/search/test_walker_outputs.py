@@ -77,3 +77,14 @@ def test_dotnet_and_xcode_outputs_and_a_scripts_bin_folder(tmp_path: Path) -> No
     assert {"Lib/Api.cs", "App/Main.swift", "tools/bin/release.sh"} <= paths
     assert not {p for p in paths if p.startswith(("Lib/obj/", "Lib/bin/", "App/build/", "mill/out/"))}
     assert result.excluded["build output (obj)"] == 1 and result.excluded["build output (bin)"] == 1
+
+
+def test_a_gn_tree_keeps_its_build_folder_and_skips_out(tmp_path: Path) -> None:
+    # Chromium-style: build/ holds build configs and scripts (source); GN writes to out/
+    root = _tree(
+        tmp_path,
+        {".gn": "", "BUILD.gn": "", "build/gn_helpers.py": "def helper(): ...\n", "out/Default/gen/a.h": "int a;\n"},
+    )
+    result = walk(root, WalkOptions())
+    assert [p for p, _ in result.files if p.startswith(("build/", "out/"))] == ["build/gn_helpers.py"]
+    assert result.excluded["build output (out)"] == 1

@@ -197,12 +197,21 @@ def _blank(src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool =
     """`src` with each match's `group` as spaces; `code_only`: not on a preprocessor line (`#define X(a) FOO(a)`
     blanked to an empty value makes the grammar take the next line as the macro's body)."""
     out = bytearray(src)
+    seen, directive = 0, bool(_HASH_LINE.match(src))  # the line of the previous match, searched on from there
     for m in pattern.finditer(src):
         a, b = m.span(group)
-        if code_only and src[src.rfind(b"\n", 0, a) + 1 : a].lstrip(b" \t").startswith(b"#"):
-            continue
+        if code_only:
+            newline = src.rfind(b"\n", seen, a)
+            if newline >= 0:
+                directive = bool(_HASH_LINE.match(src, newline + 1))
+            seen = a
+            if directive:
+                continue
         out[a:b] = b" " * (b - a)
     return bytes(out)
+
+
+_HASH_LINE = re.compile(rb"[ \t]*#")
 
 
 _DIRECTIVE = re.compile(rb"[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b")

@@ -57,11 +57,13 @@ def compound_names(text: str, kind: Literal["symbol", "mixed", "nl"], identifier
     return tuple(dict.fromkeys(three + by_length[2] + _capitalised(text, written)))[:MAX_COMPOUNDS]
 
 
-_CAPITALISED = re.compile(r"(?<![\w.])[A-Z][a-z]{2,}(?![\w.])")
+# a capitalised word on its own: not a part of `Foo::Bar`, `Foo.bar`, `Vendor\\Pkg`, `src/Key.hs`, `Foo#bar`, `Foo<T>`
+_CAPITALISED = re.compile(r"(?<![\w.:\\/#$@>])[A-Z][a-z]{2,}(?![\w.:\\/#<(])")
 
 
 def _capitalised(text: str, written: set[str]) -> list[str]:
     """One capitalised word as a type's name ('how Key type is used as object field identifier' -> Key, 'Response
-    type and HTTP response construction' -> Response): looked up among types only, as the longer names are."""
+    type and HTTP response construction' -> Response, 'Handlers' -> handler too): looked up among types only, as the
+    longer names are."""
     words = [m.group().lower() for m in _CAPITALISED.finditer(text)]
-    return [w for w in words if w not in STOPWORDS and w not in written]
+    return [s for w in words if w not in STOPWORDS for s in _singulars(w) if s not in written]

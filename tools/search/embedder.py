@@ -268,7 +268,9 @@ class Embedder:
         model = self._load()
         with self._lock.hold(query=True):
             if self.backend == "model2vec":
-                vec = model.encode([text], show_progress_bar=False, use_multiprocessing=False)
+                vec = model.encode(
+                    [text], show_progress_bar=False, use_multiprocessing=False, max_length=self.max_seq_length
+                )
             elif self._onnx is not None:
                 vec = self._onnx.encode(text)
             elif self._direct_query:

@@ -44,11 +44,13 @@ EXCLUDED_DIRS = {
 OUTPUT_DIRS = {"build", "dist", "target", "out", "coverage"}
 MANIFESTS = {
     "package.json", "Cargo.toml", "pom.xml", "build.gradle", "build.gradle.kts", "settings.gradle",
-    "settings.gradle.kts", "build.sbt", "build.mill", "build.sc", "setup.py", "setup.cfg", "pyproject.toml",
-    "CMakeLists.txt", "Makefile", "GNUmakefile", "meson.build", "configure", "configure.ac", "go.mod", "mix.exs",
-    "build.zig", "composer.json", "Gemfile", "Package.swift", "pubspec.yaml", "stack.yaml", "cabal.project",
-    "deno.json", "deno.jsonc", "BUILD", "BUILD.bazel", "BUILD.gn", ".gn",
+    "settings.gradle.kts", "build.sbt", "setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt", "Makefile",
+    "GNUmakefile", "meson.build", "configure", "configure.ac", "go.mod", "mix.exs", "build.zig", "composer.json",
+    "Gemfile", "Package.swift", "pubspec.yaml", "stack.yaml", "cabal.project", "deno.json", "deno.jsonc", "BUILD",
+    "BUILD.bazel",
 }  # fmt: skip
+# tools that write to `out/` only: beside them a `build/` folder is source (Chromium's build configs and scripts)
+OUT_ONLY_MANIFESTS = {"BUILD.gn", ".gn", "build.mill", "build.sc"}
 MANIFEST_SUFFIXES = (".csproj", ".fsproj", ".vbproj", ".sln", ".cabal", ".gemspec", ".rockspec", ".nimble")
 DOTNET_OUTPUT_DIRS = {"bin", "obj"}  # only beside a .NET project file: elsewhere `bin/` holds scripts
 DOTNET_PROJECTS = (".csproj", ".fsproj", ".vbproj")
@@ -61,6 +63,8 @@ def _build_output(name: str, filenames: list[str], dirnames: list[str]) -> bool:
         return any(f.endswith(DOTNET_PROJECTS) for f in filenames)
     if name not in OUTPUT_DIRS:
         return False
+    if name == "out" and any(f in OUT_ONLY_MANIFESTS for f in filenames):
+        return True
     return any(f in MANIFESTS or f.endswith(MANIFEST_SUFFIXES) for f in filenames) or any(
         d.endswith(".xcodeproj") for d in dirnames
     )
