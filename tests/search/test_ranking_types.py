@@ -45,20 +45,20 @@ def test_a_type_that_only_holds_a_member_of_the_name_leaves_the_functions_alone(
     # `class Parser` holding `def parse_args` defines parse_args by its text, but names no type parse_args
     holder = ChunkRow(1, "parser.py", 1, 6, "Parser", "class", "python", "class Parser:\n    def parse_args(self): ...")
     func = ChunkRow(2, "cli.py", 10, 14, "parse_args", "function", "python", "def parse_args(argv):\n    ...")
-    rows = {r.id: r for r in (holder, func)}
-    fused = [Scored(2, 0.09, ["symbol"]), Scored(1, 0.085, ["symbol"])]
-    on = rerank(fused, rows, classify("parse_args"))
-    assert on[0].id == 2
-    assert [(s.id, s.score) for s in on] == [
-        (s.id, s.score) for s in rerank(fused, rows, classify("parse_args"), replace(DEFAULT, type_first=1.0))
-    ]
+    on, off = _with_and_without_rule([Scored(2, 0.09, ["symbol"]), Scored(1, 0.085, ["symbol"])], holder, func)
+    assert on[0][0] == 2
+    assert on == off
 
 
 def test_a_type_in_another_case_than_the_query_does_not_push_the_function_down() -> None:
     cls = ChunkRow(1, "settings.py", 1, 9, "Config", "class", "python", "class Config:\n    debug = False")
     func = ChunkRow(2, "app.py", 30, 34, "config", "function", "python", "def config(app):\n    ...")
-    rows = {r.id: r for r in (cls, func)}
-    fused = [Scored(1, 0.09, ["symbol"]), Scored(2, 0.085, ["symbol"])]
-    on = rerank(fused, rows, classify("config"))
-    off = rerank(fused, rows, classify("config"), replace(DEFAULT, type_first=1.0))
-    assert [(s.id, s.score) for s in on] == [(s.id, s.score) for s in off]
+    on, off = _with_and_without_rule([Scored(1, 0.09, ["symbol"]), Scored(2, 0.085, ["symbol"])], cls, func)
+    assert on == off
+
+
+def _with_and_without_rule(fused: list[Scored], *chunks: ChunkRow) -> tuple[list[tuple[int, float]], ...]:
+    """(id, score) best first for a lookup of the function's name (the last chunk's), type-first on and off."""
+    rows, query = {r.id: r for r in chunks}, classify(chunks[-1].symbol or "")
+    ranked = (rerank(fused, rows, query), rerank(fused, rows, query, replace(DEFAULT, type_first=1.0)))
+    return tuple([(s.id, s.score) for s in r] for r in ranked)

@@ -193,6 +193,9 @@ _TRAILING_MACRO = re.compile(
 )
 
 
+_HASH_LINE = re.compile(rb"[ \t]*#")  # a preprocessor line
+
+
 def _blank(src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool = False) -> bytes:
     """`src` with each match's `group` as spaces; `code_only`: not on a preprocessor line (`#define X(a) FOO(a)`
     blanked to an empty value makes the grammar take the next line as the macro's body)."""
@@ -209,9 +212,6 @@ def _blank(src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool =
                 continue
         out[a:b] = b" " * (b - a)
     return bytes(out)
-
-
-_HASH_LINE = re.compile(rb"[ \t]*#")
 
 
 _DIRECTIVE = re.compile(rb"[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b")
