@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,12 @@ VARIANTS: dict[str, str] = {
     "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
     "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None, probe=False).llm",
     "gpubox infer_load over MCP": MCP,
+    # the lead from the H200 run: torch's pip CUDA libraries and the toolkit's that the build linked share sonames
+    # (libcublas.so.13, ...), so whichever loads first serves both. These two variants swap which copy llama.cpp gets
+    "torch's CUDA libraries for llama.cpp, no torch": f"{IMPORT}llm = {LOAD.format(extra='')}",
+    "toolkit's CUDA libraries preloaded, torch first": f"import torch\n{IMPORT}llm = {LOAD.format(extra='')}",
 }
+CUDA_LIB = re.compile(r"lib(cublas|cublasLt|cudart|nvrtc|nvJitLink|stdc\+\+|gomp)[^/ ]*\.so[^ ]*")
 
 
 def bundled_gguf() -> str:
@@ -70,11 +76,57 @@ def bundled_gguf() -> str:
     return str(found)
 
 
+def ggml_cuda_libs() -> dict[str, str]:
+    """soname -> path that `ldd` resolves for llama.cpp's CUDA backend (the toolkit's, as built)."""
+    import llama_cpp
+
+    found = sorted(Path(llama_cpp.__file__).parent.rglob("libggml-cuda*.so*"))
+    if not found:
+        return {}
+    out = subprocess.run(["ldd", str(found[0])], capture_output=True, text=True).stdout
+    pairs = (line.split("=>") for line in out.splitlines() if "=>" in line)
+    return {a.strip(): b.split("(")[0].strip() for a, b in pairs if CUDA_LIB.search(a) and "/" in b}
+
+
+def torch_cuda_lib_dirs() -> list[str]:
+    """The folders of torch's pip CUDA libraries (site-packages/nvidia/...)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return sorted({str(f.parent) for r in roots for f in r.rglob("libcublas*.so*")})
+
+
+def variant_env(name: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if name.startswith("torch's CUDA libraries"):
+        env["LD_LIBRARY_PATH"] = ":".join([*torch_cuda_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
+    elif name.startswith("toolkit's CUDA libraries"):
+        env["LD_PRELOAD"] = " ".join(p for k, p in ggml_cuda_libs().items() if "cu" in k or "nv" in k)
+    return env
+
+
+def loaded_libs() -> str:
+    """Which copy of each CUDA library a process holds after `import torch`, CUDA used, then llama_cpp."""
+    code = (
+        "import torch, re\ntorch.zeros(1, device='cuda')\nimport llama_cpp\n"
+        f"pat = re.compile({CUDA_LIB.pattern!r})\n"
+        "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if pat.search(l)})))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, errors="replace", timeout=60)
+    return (p.stdout or p.stderr[-800:]).strip()
+
+
 def run(name: str, body: str, model: str) -> tuple[str, str]:
     code = f"import os, sys\nfrom pathlib import Path\npath = {model!r}\n{body}\n{GEN}\n"
     try:
         p = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, errors="replace", timeout=VARIANT_S
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=VARIANT_S,
+            env=variant_env(name),
         )
     except subprocess.TimeoutExpired:
         return "timeout", ""
@@ -83,15 +135,22 @@ def run(name: str, body: str, model: str) -> tuple[str, str]:
     return verdict, lines[-1][:160] if lines else ""
 
 
+def diagnostics() -> str:
+    """Which CUDA libraries the build links, where torch's are, and which copies one process ends up holding."""
+    libs = "\n".join(f"    {k} => {v}" for k, v in ggml_cuda_libs().items())
+    text = f"## ldd of libggml-cuda\n\n{libs}\n\ntorch's pip CUDA folders: {torch_cuda_lib_dirs()}\n"
+    text += "\n## Loaded after torch (CUDA used), then llama_cpp\n\n"
+    return text + "\n".join(f"    {line}" for line in loaded_libs().splitlines())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model = args.model or bundled_gguf()
-    head = (
-        f"# llama.cpp CUDA load variants ({os.uname().nodename})\n\n| variant | result | last line |\n|---|---|---|\n"
-    )
+    head = f"# llama.cpp CUDA load variants ({os.uname().nodename})\n\n{diagnostics()}\n"
+    head += "\n| variant | result | last line |\n|---|---|---|\n"
     if args.out:  # row by row: a device call cut short keeps what ran
         args.out.write_text(head)
     print(head, end="", flush=True)
