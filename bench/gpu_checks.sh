@@ -32,8 +32,12 @@ if [ -e /tmp/carry/llama.started ]; then  # gpu_unpack.sh's build, if it runs in
   for _ in $(seq 1 "${LLAMA_BUILD_WAIT_S:-300}"); do [ -e /tmp/carry/llama.done ] && break; sleep 1; done
   echo "gpu_checks: llama-cpp-python CUDA build exit $(cat /tmp/carry/llama.done 2>/dev/null || echo 'still running')"
 fi
+# the build lands in /tmp/site-llama only when it ends, after PYTHONPATH was set above
+[ -d /tmp/site-llama ] && [[ ":$PYTHONPATH:" != *":/tmp/site-llama:"* ]] && export PYTHONPATH="/tmp/site-llama:$PYTHONPATH"
 if python3 -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())" 2>/dev/null; then
-  timeout "${LLAMA_BISECT_S:-300}" python3 bench/llama_cuda_bisect.py --out "${OUT:-bench/results}/llama_cuda_bisect.md"
+  model=(); [ -f .whl/tiny.gguf ] && model=(--model "$(pwd)/.whl/tiny.gguf")  # gpu_carry.sh's 8 MB stand-in
+  timeout "${LLAMA_BISECT_S:-300}" python3 bench/llama_cuda_bisect.py "${model[@]}" \
+    --out "${OUT:-bench/results}/llama_cuda_bisect.md"
 fi
 # the serving benchmark on the GPU, where the box has vLLM (a CUDA vLLM cannot travel in .whl/: several GB with
 # its CUDA torch): in-process llama.cpp vs the vLLM engine through MCP vs its API, 1-16 clients

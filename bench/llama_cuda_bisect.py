@@ -4,8 +4,10 @@
 
 On an H200 (2026-11-26, llama-cpp-python 0.3.36 built there with CUDA 13.0, torch 2.11.0+cu130) a bare
 `Llama(path, n_gpu_layers=-1)` loaded and generated, while `infer_load` through gpubox segfaulted the server, and so
-did the bare load after `import torch`. Each variant below adds one of gpubox's differences and runs in a fresh
-interpreter, so one crash does not hide the next; the table says which load survives.
+did the bare load after `import torch`. On an H100 (bench/results/gpu_h100/) neither gpubox's load settings nor
+which copy of the CUDA libraries llama.cpp got mattered; torch first, and the MCP server's own process, crashed it.
+Each variant below adds one difference and runs in a fresh interpreter, so one crash does not hide the next; the
+table says which load survives. `--model` takes any GGUF (bench/tiny_gguf.py makes an 8 MB one).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from gpubox.app import build_server, state_of
 from gpubox.settings import Settings
 llm = None
 async def main():
-    server = build_server(Settings.load(state_dir=tempfile.mkdtemp(), model_dirs=[str(Path(path).parent)]))
+    server = build_server(Settings.load(state_dir=tempfile.mkdtemp(), model_dirs=[str(Path(path).parent)],
+                                        infer_llama_process=MODE))
     async with Client(server) as c:
         models = (await c.call_tool("infer_models", {})).structured_content["models"]
         name = next(m["name"] for m in models if Path(m["path"]) == Path(path))
@@ -58,12 +61,15 @@ VARIANTS: dict[str, str] = {
     f"{IMPORT}llm = {LOAD.format(extra='')}",
     "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
     "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None, probe=False).llm",
-    "gpubox infer_load over MCP": MCP,
-    # the lead from the H200 run: torch's pip CUDA libraries and the toolkit's that the build linked share sonames
-    # (libcublas.so.13, ...), so whichever loads first serves both. These two variants swap which copy llama.cpp gets
-    "torch's CUDA libraries for llama.cpp, no torch": f"{IMPORT}llm = {LOAD.format(extra='')}",
-    "toolkit's CUDA libraries preloaded, torch first": f"import torch\n{IMPORT}llm = {LOAD.format(extra='')}",
+    # the H100 run (bench/results/gpu_h100/): in the server's own process the load crashed with torch never imported;
+    # each model in a child of its own ('auto' on GPU builds) is the fix; 'never' is the old path
+    "gpubox infer_load over MCP, infer_llama_process=never": MCP.replace("MODE", "'never'"),
+    "gpubox infer_load over MCP, infer_llama_process=auto": MCP.replace("MODE", "'auto'"),
 }
+# which of the native modules the MCP server (and torch) load, and a bare llama.cpp process does not, crashes it
+SERVER_NATIVE = ("_ssl", "unicodedata", "_asyncio", "_multiprocessing", "_decimal", "_zoneinfo", "mmap", "psutil",
+                 "pydantic_core", "_cffi_backend", "cryptography.hazmat.bindings._rust")  # fmt: skip
+VARIANTS |= {f"after import {m}": f"import {m}\n{IMPORT}llm = {LOAD.format(extra='')}" for m in SERVER_NATIVE}
 CUDA_LIB = re.compile(r"lib(cublas|cublasLt|cudart|nvrtc|nvJitLink|stdc\+\+|gomp)[^/ ]*\.so[^ ]*")
 
 
@@ -97,15 +103,6 @@ def torch_cuda_lib_dirs() -> list[str]:
     return sorted({str(f.parent) for r in roots for f in r.rglob("libcublas*.so*")})
 
 
-def variant_env(name: str) -> dict[str, str]:
-    env = dict(os.environ)
-    if name.startswith("torch's CUDA libraries"):
-        env["LD_LIBRARY_PATH"] = ":".join([*torch_cuda_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
-    elif name.startswith("toolkit's CUDA libraries"):
-        env["LD_PRELOAD"] = " ".join(p for k, p in ggml_cuda_libs().items() if "cu" in k or "nv" in k)
-    return env
-
-
 def loaded_libs() -> str:
     """Which copy of each CUDA library a process holds after `import torch`, CUDA used, then llama_cpp."""
     code = (
@@ -126,7 +123,6 @@ def run(name: str, body: str, model: str) -> tuple[str, str]:
             text=True,
             errors="replace",
             timeout=VARIANT_S,
-            env=variant_env(name),
         )
     except subprocess.TimeoutExpired:
         return "timeout", ""

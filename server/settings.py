@@ -236,6 +236,9 @@ class Settings(BaseSettings):
         default=4096, ge=128, le=1_048_576, description="Default context when loading (capped at the model's)."
     )
     infer_threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads for llama.cpp (auto).")
+    infer_llama_process: Literal["auto", "always", "never"] = Field(
+        default="auto", description="Run each llama.cpp model in a child process (auto: GPU builds of llama.cpp)."
+    )
 
     # --- rented box: session meter and idle guard -----------------------------------------------
     hourly_usd: float | None = Field(

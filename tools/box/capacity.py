@@ -80,11 +80,19 @@ def read_devices(owned_pids: Iterable[int]) -> dict[str, Reading]:
 
 def own_usage() -> dict[str, float]:
     """This process's memory per ledger device, in GB: RSS on 'host', NVML's per-process figure on each GPU."""
+    return usage_of(os.getpid())
+
+
+def usage_of(pid: int) -> dict[str, float]:
+    """One process's memory per ledger device, in GB (0 on the host once it has ended)."""
     import psutil
 
-    out = {"host": psutil.Process().memory_info().rss / GB}
+    try:
+        out = {"host": psutil.Process(pid).memory_info().rss / GB}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        out = {"host": 0.0}
     for device, reading in gpu_readings().items():
-        out[device] = reading.by_pid_gb.get(os.getpid(), 0.0)
+        out[device] = reading.by_pid_gb.get(pid, 0.0)
     return out
 
 

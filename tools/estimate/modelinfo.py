@@ -132,22 +132,33 @@ def read_gguf(path: Path) -> ResolvedModel:
     def f(key: str, default: Any = None) -> Any:
         return fields.get(f"{arch}.{key}", default)
 
+    def n(key: str, default: Any = None) -> int:
+        """An integer field; a per-layer list (OpenELM, Jamba) counts as its largest entry."""
+        value = f(key, default)
+        value = max(value, default=None) if isinstance(value, list) else value
+        if not isinstance(value, int | float):
+            raise InvalidInputError(
+                f"{path} has no usable '{arch}.{key}' in its GGUF metadata (got {value!r}), so its size cannot be "
+                f"planned; a GGUF converted by llama.cpp for architecture {arch!r} has it"
+            )
+        return int(value)
+
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = len(tokens.data) if tokens is not None else None
     names = {t.name for t in reader.tensors}
-    heads = int(f("attention.head_count", 1))
-    h = int(f("embedding_length"))
+    heads = n("attention.head_count", 1)
+    h = n("embedding_length")
     shape = ModelShape(
         id=path.stem,
-        layers=int(f("block_count")),
+        layers=n("block_count"),
         hidden=h,
         heads=heads,
-        kv_heads=int(f("attention.head_count_kv", heads)),
-        head_dim=int(f("attention.key_length", h // heads)),
-        intermediate=int(f("feed_forward_length")),
-        vocab=int(vocab or f("vocab_size", 32000)),
+        kv_heads=n("attention.head_count_kv", heads),
+        head_dim=n("attention.key_length", h // max(1, heads)),
+        intermediate=n("feed_forward_length"),
+        vocab=int(vocab or n("vocab_size", 32000)),
         tied_embeddings="output.weight" not in names,
-        max_context=int(f("context_length", 4096)),
+        max_context=n("context_length", 4096),
         sliding_window=f("attention.sliding_window"),
         global_every=6 if f("attention.sliding_window") and arch.startswith("gemma3") else None,
         source=f"gguf ({arch})",

@@ -1,12 +1,14 @@
 """Load a GGUF once in a child process set up like this one, before a GPU build of llama.cpp loads it here.
 
-On an H200 box (bench/results/gpu_h200/) a CUDA build of llama-cpp-python loaded and ran a model alone, but ended
-the process with SIGSEGV when torch had been imported first, and `infer_load` ended the server the same way. So on
-a GPU build (a CUDA, HIP, Vulkan, Metal, SYCL or MUSA ggml library in the package), a model is first loaded in a
-short child that imports what this process has (torch, ..., in the same order), loads through the same code with
-at most one layer offloaded and a small context, and decodes two tokens; a crash there costs one clear error, not
-the server. A load that passed is not probed again in this process with the same settings. Not covered: torch
-imported after a model is loaded here. CPU builds are not probed: nothing of this kind was seen there.
+On H200 and H100 boxes (bench/results/gpu_h200/, gpu_h100/) a CUDA build of llama-cpp-python loaded and ran a
+model alone, but ended the process with SIGSEGV when torch had been imported first, and `infer_load` ended the
+server the same way (on the H100, also with nothing but gpubox imported). GPU builds now run each model in a
+process of its own (llama_process); with infer_llama_process='never', on a GPU build (a CUDA, HIP, Vulkan, Metal,
+SYCL or MUSA ggml library in the package), a model is first loaded in a short child that imports what this process
+has (torch, ..., in the same order), loads through the same code with at most one layer offloaded and a small
+context, and decodes two tokens; a crash there costs one clear error, not the server. A load that passed is not
+probed again in this process with the same settings. Not covered: torch imported after a model is loaded here.
+CPU builds are not probed: nothing of this kind was seen there.
 """
 
 from __future__ import annotations
@@ -154,9 +156,9 @@ def _crash_message(path: Path, sig: int, first: tuple[str, ...], stderr: str) ->
     )
     if "torch" in first:
         return head + (
-            " Two sets of CUDA libraries in one process (llama.cpp's and torch's) did this on an H200 box: build "
-            "llama-cpp-python against the CUDA that torch uses, load GGUF models in a server where nothing has "
-            "imported torch, or load it with backend='transformers' (needs gpubox[hf]; dequantises the GGUF, so "
-            "it takes more memory)"
+            " A CUDA build of llama.cpp in a process that had imported torch did this on H200 and H100 boxes, also "
+            "with no layer offloaded: leave infer_llama_process at 'auto' (each model in "
+            "a process of its own), or load it with backend='transformers' (needs gpubox[hf]; dequantises the GGUF, "
+            "so it takes more memory)"
         )
     return head + " Try n_gpu_layers=0, or another build of llama-cpp-python for this GPU and driver"

@@ -342,10 +342,15 @@ class ModelManager:
                 while key in self._loading:
                     self._changed.wait()
                 r = self.resident.get(key)
-                if r is not None:
+                dead = r is not None and not getattr(r.backend, "alive", True) and r.busy == 0
+                if r is not None and not dead:
                     r.busy += 1
                     r.last_used = time.time()
                     return r
+                if r is not None:  # its own process ended (llama_process): load it again
+                    self._detach(self.resident.pop(key))
+            if r is not None:
+                self._close(r)
             self._load(key, if_absent=True)
         raise CapacityError(f"{name} was unloaded again right after loading; raise infer_max_resident or retry")
 

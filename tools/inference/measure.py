@@ -2,7 +2,8 @@
 
 A model loaded in the server's own process has no process of its own to measure, so its footprint is taken
 around the backend's open: the server's memory per device (RSS on the host, NVML's per-process figure on each
-GPU) just before and just after, when no other load is in flight. The figure goes on the model's holding in
+GPU) just before and just after, when no other load is in flight, plus the whole of a model's own process
+where it runs in one (llama_process). The figure goes on the model's holding in
 the box ledger (box_plan shows it, and warns when it is above the reservation), and when it is above the
 estimate it is kept in `<state_dir>/inference/load_memory.json` per load configuration (file, size and mtime,
 backend, device, context, KV type, adapter, quantization): the next load of the same configuration reserves
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from gpubox.tools.box.capacity import own_usage
+from gpubox.tools.box.capacity import own_usage, usage_of
 from gpubox.tools.box.footprints import FootprintStore, above
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.inference.registry import Discovered
@@ -27,6 +28,7 @@ from gpubox.tools.inference.schemas import LoadPlan
 
 log = logging.getLogger("gpubox.inference")
 Reader = Callable[[], dict[str, float]]
+PidReader = Callable[[int], dict[str, float]]
 T = TypeVar("T")
 
 
@@ -44,23 +46,28 @@ def config_key(d: Discovered, p: LoadPlan, adapter: Discovered | None, quantizat
 
 
 class LoadMeasurements:
-    def __init__(self, state_dir: Path, read: Reader = own_usage) -> None:
+    def __init__(self, state_dir: Path, read: Reader = own_usage, read_pid: PidReader = usage_of) -> None:
         self.store = FootprintStore(state_dir / "inference" / "load_memory.json")
         self.read = read
+        self.read_pid = read_pid
 
     def known(self, key: str) -> dict[str, float] | None:
         """GB per device the last load of this configuration took, when that was above its estimate."""
         return self.store.known(key)
 
     def around(self, open_it: Callable[[], T], alone: Callable[[], bool]) -> tuple[T, dict[str, float] | None]:
-        """`open_it()`, and how much this process grew per device meanwhile; None when another load ran too
-        (its growth would be counted as this one's)."""
+        """`open_it()`, and how much this process grew per device meanwhile, plus all of the process the model
+        runs in where it has one of its own (`pid`); None when another load ran too (its growth would be counted
+        as this one's)."""
         before = self.read() if alone() else None
         out = open_it()
         if before is None or not alone():
             return out, None
-        after = self.read()
-        return out, {d: max(0.0, gb - before.get(d, 0.0)) for d, gb in after.items()}
+        grew = {d: max(0.0, gb - before.get(d, 0.0)) for d, gb in self.read().items()}
+        if isinstance(pid := getattr(out, "pid", None), int):
+            for d, gb in self.read_pid(pid).items():
+                grew[d] = grew.get(d, 0.0) + gb
+        return out, grew
 
     def settle(self, ledger: Ledger, owner: str, key: str, needs: dict[str, float], used: dict[str, float]) -> None:
         """Put the figure on the holding (box_plan warns when it is above the reservation); keep it for the next

@@ -14,11 +14,13 @@ from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.targets import local_spec
 from gpubox.tools.gpu.devices import local_gpus
 from gpubox.tools.gpu.nvml import gpu_status
+from gpubox.tools.inference import load_probe
 from gpubox.tools.inference.backends import LlamaBackend, TransformersBackend
+from gpubox.tools.inference.llama_process import LlamaProcessBackend
 from gpubox.tools.inference.registry import Discovered, MetaCache, size_of
 from gpubox.tools.inference.schemas import LoadPlan
 
-Backend = LlamaBackend | TransformersBackend
+Backend = LlamaBackend | LlamaProcessBackend | TransformersBackend
 
 
 def plan(
@@ -119,6 +121,12 @@ def plan(
     )
 
 
+def own_process(setting: Literal["auto", "always", "never"]) -> bool:
+    """Whether llama.cpp models run in a child process: always on GPU builds unless told never (see
+    llama_process for why); CPU builds run in the server's process, where nothing of the kind was seen."""
+    return setting == "always" or (setting == "auto" and load_probe.gpu_build())
+
+
 def open_backend(
     settings: Settings,
     d: Discovered,
@@ -133,6 +141,8 @@ def open_backend(
             lora = adapter_d.path / "adapter.gguf" if adapter_d else None
             # llama-cpp-python defaults to half the logical CPUs (1 on a 2-core box): use physical cores
             threads = settings.infer_threads or psutil.cpu_count(logical=False) or 1
+            if own_process(settings.infer_llama_process):
+                return LlamaProcessBackend(d.path, p.context_length, p.n_gpu_layers, kv_cache_type, threads, lora)
             return LlamaBackend(d.path, p.context_length, p.n_gpu_layers, kv_cache_type, threads, lora)
         return TransformersBackend(d.path, quantization, adapter_d.path if adapter_d else None, p.context_length)
     except GpuboxError:

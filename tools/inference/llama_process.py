@@ -1,0 +1,172 @@
+"""A llama.cpp model in a process of its own (`llama_worker`), with LlamaBackend's interface.
+
+On an H100 box (bench/results/gpu_h100/) a CUDA build of llama-cpp-python loaded and generated in a fresh
+interpreter, and in one that had loaded only gpubox's backend code, but ended the process with SIGSEGV inside
+`llama_model_load_from_file` in the MCP server itself, and whenever torch had been imported first (also with no
+layer offloaded and no GPU visible); which library the server shares with torch to cause it was not established.
+So on GPU builds (setting `infer_llama_process`, "auto") each model runs in a child that imports only the backend:
+a crash there ends that child, the server reports it, and the next request for the model loads it again.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from gpubox import errors
+from gpubox.errors import ConfigError, GpuboxError
+from gpubox.extras import require
+from gpubox.tools.inference.backends import GenOutput, GenParams
+
+CLOSE_S = 10.0  # a close waits this long for the child to free the model before it is killed
+CANCEL_POLL_S = 0.05
+
+
+class LlamaProcessBackend:
+    name: Literal["llama.cpp"] = "llama.cpp"
+
+    def __init__(
+        self,
+        path: Path,
+        n_ctx: int,
+        n_gpu_layers: int,
+        kv_cache_type: str,
+        n_threads: int | None,
+        lora_path: Path | None = None,
+    ) -> None:
+        require("llama_cpp", "llama", "The llama.cpp backend")
+        self.path, self.n_ctx = path, n_ctx
+        self.alive = True
+        self._lock = threading.Lock()  # one request at a time: replies carry no request id
+        self._write = threading.Lock()  # a cancel is written while a request waits for its reply
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._proc = subprocess.Popen(  # -P: no working-directory module may shadow what the child imports
+            [sys.executable, "-P", "-m", "gpubox.tools.inference.llama_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True).start()
+        load = {"op": "load", "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "kv": kv_cache_type,
+                "threads": n_threads, "lora": str(lora_path) if lora_path else None}  # fmt: skip
+        try:
+            self.pid: int = self._request(load)["pid"]
+        except BaseException:
+            self.close()
+            raise
+
+    def _drain(self, stream: IO[bytes] | None) -> None:
+        """Keep the child's last stderr lines (llama.cpp's own messages) for the error if it dies."""
+        if stream is None:
+            return
+        with stream:  # closed at the child's end, by this thread, which owns it
+            for line in stream:
+                if text := line.decode(errors="replace").strip():
+                    self._stderr.append(text[:300])
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        with self._write:
+            stdin.write((json.dumps(msg) + "\n").encode())
+            stdin.flush()
+
+    def _request(self, msg: dict[str, Any], on_text: Callable[[str], None] | None = None) -> Any:
+        with self._lock:
+            try:
+                self._send(msg)
+                while line := self._proc.stdout.readline() if self._proc.stdout else b"":
+                    reply = json.loads(line)
+                    if "text" in reply and on_text is not None:
+                        on_text(reply["text"])
+                    elif "error" in reply:
+                        raise _rebuilt(reply["error"])
+                    elif "ok" in reply:
+                        return reply["ok"]
+            except (BrokenPipeError, ValueError) as exc:  # the child is gone, or wrote something that is not JSON
+                if self._proc.poll() is None:
+                    raise ConfigError(f"the llama.cpp process for {self.path.name} answered wrongly: {exc}") from exc
+            raise self._ended(msg["op"])
+
+    def _ended(self, op: str) -> GpuboxError:
+        self.alive = False
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        how = f"{signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
+        said = f"; its last message: {self._stderr[-1]}" if self._stderr else ""
+        if op == "load":
+            return ConfigError(
+                f"loading {self.path} ended the llama.cpp process it runs in ({how}{said}); the server is "
+                "unaffected. Try n_gpu_layers=0, or another build of llama-cpp-python for this GPU and driver"
+            )
+        return GpuboxError(
+            f"the llama.cpp process serving {self.path.name} ended during {op} ({how}{said}); the server is "
+            "unaffected, and the next request for this model loads it again"
+        )
+
+    def count(self, text: str) -> int:
+        return int(self._request({"op": "count", "text": text}))
+
+    def generate(
+        self,
+        messages: list[dict[str, str]] | None,
+        prompt: str | None,
+        p: GenParams,
+        on_text: Callable[[str], None],
+        cancel: threading.Event,
+    ) -> GenOutput:
+        msg = {"op": "generate", "messages": messages, "prompt": prompt, "params": dataclasses.asdict(p)}
+        done = threading.Event()
+        watcher = threading.Thread(target=self._forward_cancel, args=(cancel, done), daemon=True)
+        watcher.start()
+        try:
+            return GenOutput(**self._request(msg, on_text))
+        finally:
+            done.set()
+
+    def _forward_cancel(self, cancel: threading.Event, done: threading.Event) -> None:
+        while not done.is_set():
+            if cancel.wait(CANCEL_POLL_S):
+                if not done.is_set():
+                    with contextlib.suppress(OSError):  # the child is gone: the request reports that
+                        self._send({"op": "cancel"})
+                return
+
+    def close(self) -> None:
+        """Ask the child to free the model and exit; kill it if it does not within CLOSE_S."""
+        self.alive = False
+        if self._proc.poll() is None:
+            try:
+                self._send({"op": "close"})
+                self._proc.wait(timeout=CLOSE_S)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # stdin's flush fails once the child is gone; it closes anyway
+                    stream.close()
+
+
+def _rebuilt(err: dict[str, str]) -> Exception:
+    """The child's exception as ours: gpubox's error types keep their type (CapacityError for a full context, ...);
+    anything else is a RuntimeError naming the original type, as an in-process load would have raised it."""
+    cls = getattr(errors, err.get("type", ""), None)
+    if isinstance(cls, type) and issubclass(cls, GpuboxError):
+        try:
+            return cls(err["message"])
+        except TypeError:  # one with a constructor of its own (UnknownNameError): the message, as our base type
+            return GpuboxError(err["message"])
+    return RuntimeError(f"{err.get('type')}: {err.get('message')}")
