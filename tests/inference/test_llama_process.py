@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import psutil
 import pytest
 from mcp import Client
@@ -21,6 +21,7 @@ from gpubox.bundled import smollm2_gguf
 from gpubox.errors import CapacityError, GpuboxError
 from gpubox.settings import Settings
 from gpubox.tools.inference.adapter import manager
+from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.llama_process import LlamaProcessBackend, _rebuilt
 from tests.conftest import call_err, call_ok, skip_without, wait_until
 
@@ -96,30 +97,81 @@ async def test_the_load_is_measured_with_the_childs_memory(env: Any) -> None:
     assert holding["measured_gb"]["host"] > 0.05
 
 
-async def test_cancel_reaches_the_child_and_errors_keep_their_type(env: Any) -> None:
+async def test_a_full_context_is_the_same_capacity_error(env: Any) -> None:
     async with Client(env[0]) as client:
-        await call_ok(client, "infer_complete", model=MODEL, prompt="Hi", max_tokens=2)
-        with anyio.move_on_after(0.8):
-            await client.call_tool("infer_complete", {"prompt": "Once upon a time", "max_tokens": 4000})
-        with anyio.fail_after(10):  # behind 4000 uncancelled tokens this would wait ~40 s
-            after = await call_ok(client, "infer_complete", prompt="Hello", max_tokens=4, temperature=0)
-        text = await call_err(client, "infer_complete", prompt="word " * 1500, max_tokens=8)
-    assert after["completion_tokens"] <= 4
+        text = await call_err(client, "infer_complete", model=MODEL, prompt="word " * 1500, max_tokens=8)
     assert "context length exceeded" in text and "1024" in text  # CapacityError, raised again on this side
 
 
-async def test_a_crash_of_the_child_is_reported_and_the_next_request_loads_the_model_again(env: Any) -> None:
+@pytest.fixture(scope="module")
+def backend() -> Iterator[LlamaProcessBackend]:
+    skip_without("llama")
+    path = smollm2_gguf()
+    assert path is not None
+    b = LlamaProcessBackend(path, 512, 0, "f16", 1)
+    yield b
+    b.close()
+
+
+def test_a_cancel_while_streaming_stops_the_child_and_the_next_request_is_not_cancelled(
+    backend: LlamaProcessBackend,
+) -> None:
+    cancel = threading.Event()
+    long = GenParams(max_tokens=400, temperature=0.9, seed=1)
+    out = backend.generate(None, "Once upon a time", long, lambda _: cancel.set(), cancel)
+    assert out.finish_reason == "cancelled" and out.completion_tokens < 100
+    early = threading.Event()
+    early.set()  # cancelled before it was sent (the client gave up while it waited for the model)
+    assert backend.generate(None, "Hello", long, lambda _: None, early).finish_reason == "cancelled"
+    after = backend.generate(None, "Hello", GenParams(max_tokens=4, temperature=0), lambda _: None, threading.Event())
+    assert after.finish_reason in ("stop", "length") and after.completion_tokens > 0
+    assert backend.count("Hello world") == 2 and backend.count("Hello world. " * 10) > 20  # SmolLM2: no BOS
+
+
+def test_a_crash_during_generation_is_an_error_saying_so() -> None:
+    path = smollm2_gguf()
+    assert path is not None
+    b = LlamaProcessBackend(path, 512, 0, "f16", 1)
+    try:
+        with pytest.raises(GpuboxError, match=r"ended during generate \(SIGSEGV"):
+            b.generate(
+                None, "Once upon a time", GenParams(max_tokens=400), lambda _: os.kill(b.pid, 11), threading.Event()
+            )
+        assert not b.alive
+    finally:
+        b.close()
+
+
+def test_a_callback_that_raises_ends_the_child_rather_than_leave_its_replies_unread() -> None:
+    path = smollm2_gguf()
+    assert path is not None
+    b = LlamaProcessBackend(path, 512, 0, "f16", 1)
+
+    def boom(_: str) -> None:
+        raise RuntimeError("client gone")
+
+    try:
+        with pytest.raises(RuntimeError, match="client gone"):
+            b.generate(None, "Once upon a time", GenParams(max_tokens=50), boom, threading.Event())
+        assert not b.alive  # its reply stream is ended with it: nothing stale for a next request
+    finally:
+        b.close()
+
+
+async def test_a_child_that_died_is_loaded_again_as_it_was_loaded(env: Any) -> None:
     async with Client(env[0]) as client:
-        await call_ok(client, "infer_load", name=MODEL)
+        await call_ok(client, "infer_load", name=MODEL, context_length=768, pin=True)
         old = worker_pid(env[0])
+        dying = manager(state_of(env[0])).resident[MODEL].backend
         os.kill(old, signal.SIGSEGV)
-        await wait_until(lambda: not is_worker(old), timeout=10)
-        text = await call_err(client, "infer_complete", model=MODEL, prompt="Hi", max_tokens=4)
-        assert "ended during" in text and "SIGSEGV" in text and "loads it again" in text
-        assert (await call_ok(client, "gpu_status")) is not None  # the server lives
+        # ended, as the server sees it (its cmdline empties while the kernel still tears it down)
+        await wait_until(lambda: not dying.alive, timeout=10)
         again = await call_ok(client, "infer_complete", model=MODEL, prompt="Hi", max_tokens=4)
         assert again["completion_tokens"] > 0 and worker_pid(env[0]) != old
+        loaded = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}[MODEL]["loaded"]
         owners = [h["owner"] for h in (await call_ok(client, "box_plan"))["box"]["holdings"]]
+        await call_ok(client, "infer_unload", name=MODEL)
+    assert loaded["context_length"] == 768 and loaded["pinned"]  # not the defaults
     assert len([o for o in owners if MODEL in o]) == 1  # the dead child's reservation was released
 
 
@@ -171,4 +223,6 @@ def test_errors_from_the_child_keep_gpuboxs_types_and_name_any_other() -> None:
     odd = _rebuilt({"type": "UnknownNameError", "message": "no such model"})  # its constructor takes more
     assert type(odd) is GpuboxError and str(odd) == "no such model"
     other = _rebuilt({"type": "ValueError", "message": "Failed to load model"})
-    assert type(other) is RuntimeError and str(other) == "ValueError: Failed to load model"
+    assert type(other) is ValueError and str(other) == "Failed to load model"  # as llama-cpp-python raised it
+    odder = _rebuilt({"type": "KeyError", "message": "'x'"})
+    assert type(odder) is RuntimeError and str(odder) == "KeyError: 'x'"

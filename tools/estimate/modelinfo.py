@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,10 +134,10 @@ def read_gguf(path: Path) -> ResolvedModel:
         return fields.get(f"{arch}.{key}", default)
 
     def n(key: str, default: Any = None) -> int:
-        """An integer field; a per-layer list (OpenELM, Jamba) counts as its largest entry."""
+        """A count (stored as an integer, or a float); a per-layer list (OpenELM, Jamba) counts as its largest."""
         value = f(key, default)
         value = max(value, default=None) if isinstance(value, list) else value
-        if not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise InvalidInputError(
                 f"{path} has no usable '{arch}.{key}' in its GGUF metadata (got {value!r}), so its size cannot be "
                 f"planned; a GGUF converted by llama.cpp for architecture {arch!r} has it"

@@ -30,6 +30,9 @@ from gpubox.tools.inference.backends import GenOutput, GenParams
 
 CLOSE_S = 10.0  # a close waits this long for the child to free the model before it is killed
 CANCEL_POLL_S = 0.05
+BUILTIN: dict[str, type[Exception]] = {
+    c.__name__: c for c in (ValueError, TypeError, RuntimeError, MemoryError, OSError, FileNotFoundError)
+}
 
 
 class LlamaProcessBackend:
@@ -46,7 +49,8 @@ class LlamaProcessBackend:
     ) -> None:
         require("llama_cpp", "llama", "The llama.cpp backend")
         self.path, self.n_ctx = path, n_ctx
-        self.alive = True
+        self._closed = False
+        self._next_id = 1  # each request's id; a cancel names the generate it stops
         self._lock = threading.Lock()  # one request at a time: replies carry no request id
         self._write = threading.Lock()  # a cancel is written while a request waits for its reply
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
@@ -55,7 +59,8 @@ class LlamaProcessBackend:
             [sys.executable, "-P", "-m", "gpubox.tools.inference.llama_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
-        threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True)
+        self._drainer.start()
         load = {"op": "load", "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "kv": kv_cache_type,
                 "threads": n_threads, "lora": str(lora_path) if lora_path else None}  # fmt: skip
         try:
@@ -63,6 +68,11 @@ class LlamaProcessBackend:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def alive(self) -> bool:
+        """False once closed or once the child ended, also while idle (poll reaps it): the manager reloads it."""
+        return not self._closed and self._proc.poll() is None
 
     def _drain(self, stream: IO[bytes] | None) -> None:
         """Keep the child's last stderr lines (llama.cpp's own messages) for the error if it dies."""
@@ -80,30 +90,57 @@ class LlamaProcessBackend:
             stdin.write((json.dumps(msg) + "\n").encode())
             stdin.flush()
 
-    def _request(self, msg: dict[str, Any], on_text: Callable[[str], None] | None = None) -> Any:
+    def _request(
+        self,
+        msg: dict[str, Any],
+        on_text: Callable[[str], None] | None = None,
+        sent: Callable[[int], None] | None = None,
+    ) -> Any:
+        """Send `msg` and read its replies. Any way out but its final reply (a broken reply, `on_text` raising)
+        leaves unread replies behind, so the child is ended then: the next request would read them as its own."""
         with self._lock:
+            reply: dict[str, Any] | None = None
             try:
-                self._send(msg)
-                while line := self._proc.stdout.readline() if self._proc.stdout else b"":
-                    reply = json.loads(line)
-                    if "text" in reply and on_text is not None:
-                        on_text(reply["text"])
-                    elif "error" in reply:
-                        raise _rebuilt(reply["error"])
-                    elif "ok" in reply:
-                        return reply["ok"]
+                rid, self._next_id = self._next_id, self._next_id + 1
+                self._send({**msg, "id": rid})
+                if sent is not None:
+                    sent(rid)
+                while line := self._proc.stdout.readline() if self._proc.stdout else b"":  # b"": the child is gone
+                    got: dict[str, Any] = json.loads(line)
+                    if "ok" in got or "error" in got:
+                        reply = got
+                        break
+                    if "text" in got and on_text is not None:
+                        on_text(got["text"])
             except (BrokenPipeError, ValueError) as exc:  # the child is gone, or wrote something that is not JSON
+                reply = None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=1)  # a crash closes the pipes just before the process is reaped
                 if self._proc.poll() is None:
+                    self._kill()
                     raise ConfigError(f"the llama.cpp process for {self.path.name} answered wrongly: {exc}") from exc
+            except BaseException:
+                self._kill()
+                raise
+        if reply is None:
             raise self._ended(msg["op"])
+        if "error" in reply:
+            raise _rebuilt(reply["error"])
+        return reply["ok"]
+
+    def _kill(self) -> None:
+        self._closed = True
+        self._proc.kill()
+        self._proc.wait()
 
     def _ended(self, op: str) -> GpuboxError:
-        self.alive = False
+        self._closed = True
         try:
             code = self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             code = self._proc.wait()
+        self._drainer.join(timeout=1)  # the child's last words, before they are quoted
         how = f"{signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
         said = f"; its last message: {self._stderr[-1]}" if self._stderr else ""
         if op == "load":
@@ -127,26 +164,29 @@ class LlamaProcessBackend:
         on_text: Callable[[str], None],
         cancel: threading.Event,
     ) -> GenOutput:
-        msg = {"op": "generate", "messages": messages, "prompt": prompt, "params": dataclasses.asdict(p)}
+        msg = {"op": "generate", "messages": messages, "prompt": prompt, "params": dataclasses.asdict(p),
+               "cancelled": cancel.is_set()}  # fmt: skip
         done = threading.Event()
-        watcher = threading.Thread(target=self._forward_cancel, args=(cancel, done), daemon=True)
-        watcher.start()
+
+        def watch(rid: int) -> None:  # once the request is sent: a cancel names it
+            threading.Thread(target=self._forward_cancel, args=(cancel, done, rid), daemon=True).start()
+
         try:
-            return GenOutput(**self._request(msg, on_text))
+            return GenOutput(**self._request(msg, on_text, sent=watch))
         finally:
             done.set()
 
-    def _forward_cancel(self, cancel: threading.Event, done: threading.Event) -> None:
+    def _forward_cancel(self, cancel: threading.Event, done: threading.Event, request: int) -> None:
         while not done.is_set():
             if cancel.wait(CANCEL_POLL_S):
                 if not done.is_set():
-                    with contextlib.suppress(OSError):  # the child is gone: the request reports that
-                        self._send({"op": "cancel"})
+                    with contextlib.suppress(OSError, ValueError):  # the child is gone: the request says so
+                        self._send({"op": "cancel", "id": request})
                 return
 
     def close(self) -> None:
         """Ask the child to free the model and exit; kill it if it does not within CLOSE_S."""
-        self.alive = False
+        self._closed = True
         if self._proc.poll() is None:
             try:
                 self._send({"op": "close"})
@@ -161,12 +201,14 @@ class LlamaProcessBackend:
 
 
 def _rebuilt(err: dict[str, str]) -> Exception:
-    """The child's exception as ours: gpubox's error types keep their type (CapacityError for a full context, ...);
-    anything else is a RuntimeError naming the original type, as an in-process load would have raised it."""
-    cls = getattr(errors, err.get("type", ""), None)
-    if isinstance(cls, type) and issubclass(cls, GpuboxError):
+    """The child's exception as ours: gpubox's error types and the builtins llama-cpp-python raises keep their
+    type (CapacityError for a full context, MemoryError, ValueError for a file it refuses); others a RuntimeError
+    naming theirs."""
+    name, message = err.get("type", ""), err.get("message", "")
+    cls = getattr(errors, name, None) or BUILTIN.get(name)
+    if isinstance(cls, type) and issubclass(cls, Exception):
         try:
-            return cls(err["message"])
+            return cls(message)
         except TypeError:  # one with a constructor of its own (UnknownNameError): the message, as our base type
-            return GpuboxError(err["message"])
-    return RuntimeError(f"{err.get('type')}: {err.get('message')}")
+            return GpuboxError(message)
+    return RuntimeError(f"{name}: {message}")

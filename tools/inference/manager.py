@@ -94,8 +94,7 @@ class ModelManager:
 
     # --- registry -------------------------------------------------------------------------------
     def roots(self) -> list[Path]:
-        """Where model files may live: the model dirs, the allowed roots, gpubox's own state dir and the bundled
-        package. A symlink in a model dir may point into any of them, nowhere else."""
+        """Where model files (and what a symlink in a model dir points to) may live."""
         from gpubox.bundled import smollm2_gguf
 
         bundled = smollm2_gguf()
@@ -347,11 +346,15 @@ class ModelManager:
                     r.busy += 1
                     r.last_used = time.time()
                     return r
-                if r is not None:  # its own process ended (llama_process): load it again
+                if r is not None:  # its own process ended (llama_process): load it again, as it was loaded
                     self._detach(self.resident.pop(key))
-            if r is not None:
-                self._close(r)
-            self._load(key, if_absent=True)
+            if r is None:
+                self._load(key, if_absent=True)
+                continue
+            self._close(r)
+            p = r.plan
+            self._load(key, "llama.cpp", p.context_length, p.n_gpu_layers, p.kv_cache_type, None, r.adapter,
+                       r.keep_alive, if_absent=True, pin=r.pinned)  # fmt: skip
         raise CapacityError(f"{name} was unloaded again right after loading; raise infer_max_resident or retry")
 
     def release(self, r: Resident) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import statistics
 import threading
@@ -163,14 +165,21 @@ async def benchmark(
 
     r, words = await shielded(prepare)
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
-    peaks = [psutil.Process().memory_info().rss]
+    pids = [os.getpid(), *([pid] if isinstance(pid := getattr(r.backend, "pid", None), int) else [])]
+
+    def rss() -> int:  # the server's and, where the model runs in a process of its own (llama_process), that one's
+        total = 0
+        for p in pids:
+            with contextlib.suppress(psutil.Error):  # a child that just ended: the request reports it
+                total += psutil.Process(p).memory_info().rss
+        return total
+
+    peaks = [rss()]
 
     def send(i: int) -> Awaitable[GenerationResult]:
         return generate(mgr, r.name, None, f"{i}. {words}", params, None)
 
-    results, latencies, wall = await drive(
-        requests, concurrency, send, report, lambda: peaks.append(psutil.Process().memory_info().rss)
-    )
+    results, latencies, wall = await drive(requests, concurrency, send, report, lambda: peaks.append(rss()))
     peak = max(peaks)
     prefill = statistics.mean([x.prefill_tokens_per_s for x in results if x.prefill_tokens_per_s] or [0.0])
     decode = statistics.mean([x.decode_tokens_per_s for x in results if x.decode_tokens_per_s] or [0.0])
