@@ -18,15 +18,18 @@ from mcp import Client
 
 from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
-from gpubox.errors import CapacityError, GpuboxError
+from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.settings import Settings
 from gpubox.tools.inference.adapter import manager
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.llama_process import LlamaProcessBackend, _rebuilt
+from gpubox.tools.inference.manager import ModelManager
+from gpubox.tools.inference.resident import Resident
 from tests.conftest import call_err, call_ok, skip_without, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MODEL = "smollm2-135m-instruct"
+SEEDED = GenParams(max_tokens=50, temperature=0.9, seed=1)  # its first token is text, not the end of output
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 
 
@@ -123,6 +126,10 @@ def test_a_cancel_while_streaming_stops_the_child_and_the_next_request_is_not_ca
     early = threading.Event()
     early.set()  # cancelled before it was sent (the client gave up while it waited for the model)
     assert backend.generate(None, "Hello", long, lambda _: None, early).finish_reason == "cancelled"
+    # the flag alone, with no cancel message after it: answered at once, nothing generated
+    msg = {"op": "generate", "messages": None, "prompt": "Hello", "params": vars(long), "cancelled": True}
+    flagged = backend._request(msg, lambda _: None)
+    assert flagged["finish_reason"] == "cancelled" and flagged["completion_tokens"] == 0
     after = backend.generate(None, "Hello", GenParams(max_tokens=4, temperature=0), lambda _: None, threading.Event())
     assert after.finish_reason in ("stop", "length") and after.completion_tokens > 0
     assert backend.count("Hello world") == 2 and backend.count("Hello world. " * 10) > 20  # SmolLM2: no BOS
@@ -152,7 +159,7 @@ def test_a_callback_that_raises_ends_the_child_rather_than_leave_its_replies_unr
 
     try:
         with pytest.raises(RuntimeError, match="client gone"):
-            b.generate(None, "Once upon a time", GenParams(max_tokens=50), boom, threading.Event())
+            b.generate(None, "Once upon a time", SEEDED, boom, threading.Event())
         assert not b.alive  # its reply stream is ended with it: nothing stale for a next request
     finally:
         b.close()
@@ -221,8 +228,42 @@ async def test_a_gguf_without_a_size_field_is_refused_naming_the_field(env: Any)
 def test_errors_from_the_child_keep_gpuboxs_types_and_name_any_other() -> None:
     assert type(_rebuilt({"type": "CapacityError", "message": "full"})) is CapacityError
     odd = _rebuilt({"type": "UnknownNameError", "message": "no such model"})  # its constructor takes more
-    assert type(odd) is GpuboxError and str(odd) == "no such model"
+    assert type(odd) is InvalidInputError and str(odd) == "no such model"
     other = _rebuilt({"type": "ValueError", "message": "Failed to load model"})
     assert type(other) is ValueError and str(other) == "Failed to load model"  # as llama-cpp-python raised it
     odder = _rebuilt({"type": "KeyError", "message": "'x'"})
     assert type(odder) is RuntimeError and str(odder) == "KeyError: 'x'"
+
+
+class DeadBackend:
+    """A backend whose process ended: only what the manager asks of it."""
+
+    name = "llama.cpp"
+    alive = False
+
+    def close(self) -> None:
+        pass
+
+
+def test_two_requests_for_a_model_whose_process_ended_reload_it_once_as_it_was_loaded(tmp_path: Path) -> None:
+    skip_without("llama")
+    settings = Settings.load(state_dir=tmp_path, allowed_roots=[tmp_path], infer_llama_process="never")
+    mgr = ModelManager(settings)
+    got: list[Resident] = []
+    try:
+        mgr.load(MODEL, context_length=768, pin=True)
+        with mgr._lock:  # its process "ended": the manager sees a backend that is no longer alive
+            mgr.resident[MODEL].backend = DeadBackend()  # type: ignore[assignment]
+        threads = [threading.Thread(target=lambda: got.append(mgr.acquire(MODEL))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert len(got) == 2 and got[0] is got[1]  # one reload, shared
+        r = got[0]
+        assert r.plan.context_length == 768 and r.pinned and not r.dead
+        assert mgr.ledger.holders("inference") == [f"model {MODEL}"]  # the dead one's reservation was released
+    finally:
+        for held in got:  # close waits for requests that hold a model
+            mgr.release(held)
+        mgr.close()

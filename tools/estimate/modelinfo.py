@@ -134,10 +134,11 @@ def read_gguf(path: Path) -> ResolvedModel:
         return fields.get(f"{arch}.{key}", default)
 
     def n(key: str, default: Any = None) -> int:
-        """A count (stored as an integer, or a float); a per-layer list (OpenELM, Jamba) counts as its largest."""
+        """A count, at least 1 (stored as an integer, or a float); a per-layer list (OpenELM, Jamba) counts as its
+        largest."""
         value = f(key, default)
         value = max(value, default=None) if isinstance(value, list) else value
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 1:
             raise InvalidInputError(
                 f"{path} has no usable '{arch}.{key}' in its GGUF metadata (got {value!r}), so its size cannot be "
                 f"planned; a GGUF converted by llama.cpp for architecture {arch!r} has it"
@@ -160,7 +161,7 @@ def read_gguf(path: Path) -> ResolvedModel:
         vocab=int(vocab or n("vocab_size", 32000)),
         tied_embeddings="output.weight" not in names,
         max_context=n("context_length", 4096),
-        sliding_window=f("attention.sliding_window"),
+        sliding_window=window if isinstance(window := f("attention.sliding_window"), int) and window > 0 else None,
         global_every=6 if f("attention.sliding_window") and arch.startswith("gemma3") else None,
         source=f"gguf ({arch})",
         params_override=int(sum(int(t.n_elements) for t in reader.tensors)),

@@ -106,13 +106,13 @@ class LlamaProcessBackend:
                 if sent is not None:
                     sent(rid)
                 while line := self._proc.stdout.readline() if self._proc.stdout else b"":  # b"": the child is gone
-                    got: dict[str, Any] = json.loads(line)
+                    got = _reply(line)
                     if "ok" in got or "error" in got:
                         reply = got
                         break
                     if "text" in got and on_text is not None:
                         on_text(got["text"])
-            except (BrokenPipeError, ValueError) as exc:  # the child is gone, or wrote something that is not JSON
+            except (BrokenPipeError, _BadReply) as exc:  # the child is gone, or wrote something that is no reply
                 reply = None
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._proc.wait(timeout=1)  # a crash closes the pipes just before the process is reaped
@@ -200,6 +200,20 @@ class LlamaProcessBackend:
                     stream.close()
 
 
+class _BadReply(Exception):
+    pass
+
+
+def _reply(line: bytes) -> dict[str, Any]:
+    try:
+        got = json.loads(line)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise _BadReply(f"{exc}: {line[:200]!r}") from None
+    if not isinstance(got, dict):
+        raise _BadReply(f"not a reply object: {line[:200]!r}")
+    return got
+
+
 def _rebuilt(err: dict[str, str]) -> Exception:
     """The child's exception as ours: gpubox's error types and the builtins llama-cpp-python raises keep their
     type (CapacityError for a full context, MemoryError, ValueError for a file it refuses); others a RuntimeError
@@ -207,8 +221,9 @@ def _rebuilt(err: dict[str, str]) -> Exception:
     name, message = err.get("type", ""), err.get("message", "")
     cls = getattr(errors, name, None) or BUILTIN.get(name)
     if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(message)
-        except TypeError:  # one with a constructor of its own (UnknownNameError): the message, as our base type
-            return GpuboxError(message)
+        for base in cls.__mro__:  # one with a constructor of its own (UnknownNameError): its nearest plain base
+            try:
+                return base(message)
+            except TypeError:
+                continue
     return RuntimeError(f"{name}: {message}")

@@ -20,6 +20,7 @@ import queue
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,7 +55,7 @@ def _read_requests(requests: queue.SimpleQueue[Request | None]) -> None:
 
 
 def _handle(msg: dict[str, Any], backend: Any, cancel: threading.Event, send: Any) -> Any:
-    from gpubox.tools.inference.backends import GenParams, LlamaBackend
+    from gpubox.tools.inference.backends import GenOutput, GenParams, LlamaBackend
 
     op = msg["op"]
     if op == "load":
@@ -64,6 +65,8 @@ def _handle(msg: dict[str, Any], backend: Any, cancel: threading.Event, send: An
     if op == "count":
         return backend.count(msg["text"])
     if op == "generate":
+        if cancel.is_set():  # cancelled while it waited for the model: no prefill, no grammar check
+            return dataclasses.asdict(GenOutput("", "cancelled", 0, 0, None, None, None, 0.0))
         params = GenParams(**msg["params"])
         out = backend.generate(msg["messages"], msg["prompt"], params, lambda t: send({"text": t}), cancel)
         return dataclasses.asdict(out)
@@ -105,10 +108,14 @@ def main() -> None:
         with lock:
             replies.write(json.dumps(obj) + "\n")
 
+    # never the interpreter's teardown: llama.cpp's destructors after close have crashed CUDA builds
     try:
         _serve(send)
-    finally:  # never the interpreter's teardown: llama.cpp's destructors after close have crashed CUDA builds
-        os._exit(0)
+    except BaseException:  # said on stderr, which the server quotes in its error
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
 
 
 if __name__ == "__main__":

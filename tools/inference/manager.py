@@ -15,17 +15,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gpubox.errors import CapacityError, InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
 from gpubox.tools.inference.measure import LoadMeasurements, config_key, with_last_load
-from gpubox.tools.inference.planning import Backend, open_backend, plan
+from gpubox.tools.inference.planning import open_backend, plan
 from gpubox.tools.inference.registry import (
     DEFAULT_MODEL,
     Discovered,
@@ -35,44 +33,11 @@ from gpubox.tools.inference.registry import (
     describe,
     discover,
 )
+from gpubox.tools.inference.resident import Resident
 from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class Resident:
-    name: str
-    entry: Discovered
-    backend: Backend
-    plan: LoadPlan
-    keep_alive: float
-    adapter: str | None = None
-    pinned: bool = False
-    holder: str | None = None  # the ledger holding while it is being closed (see _detach)
-    loaded_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.time)
-    busy: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def info(self) -> LoadedInfo:
-        return LoadedInfo(
-            backend=self.backend.name,
-            device=self.plan.device,
-            n_gpu_layers=self.plan.n_gpu_layers,
-            context_length=self.plan.context_length,
-            memory_gb=self.plan.estimated_memory_gb,
-            loaded_at=iso(self.loaded_at),
-            last_used=iso(self.last_used),
-            keep_alive_s=self.keep_alive,
-            adapter=self.adapter,
-            pinned=self.pinned,
-        )
 
 
 class ModelManager:
@@ -87,6 +52,7 @@ class ModelManager:
         self._changed = threading.Condition(self._lock)  # a request finished or a load ended
         self._loading: dict[str, float] = {}  # key -> GB reserved while its backend is being built
         self._loads_started = 0  # a load is measured only if no other started while it ran (see measure.py)
+        self._respawn: dict[str, dict[str, Any]] = {}  # key -> load arguments of a model whose process ended
         self.measured = LoadMeasurements(settings.state_dir)
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="gpubox-keepalive", daemon=True)
@@ -164,6 +130,9 @@ class ModelManager:
         pin: bool = False,
     ) -> LoadResult | None:
         t0 = time.perf_counter()
+        spec = {"name": name, "backend": backend, "context_length": context_length, "n_gpu_layers": n_gpu_layers,
+                "kv_cache_type": kv_cache_type, "quantization": quantization, "adapter": adapter,
+                "keep_alive_s": keep_alive_s, "pin": pin}  # fmt: skip
         d, adapter_d, chosen = self._resolve(name, backend, adapter)
         key = adapter_d.name if adapter_d else d.name
         with self._changed:
@@ -192,9 +161,10 @@ class ModelManager:
             if used is not None:  # judged against the estimate, not a figure remembered from an earlier load
                 self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(estimate), used)
             keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
-            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin)
+            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin, spec=spec)
             with self._lock:
                 self.resident[key] = r
+                self._respawn.pop(key, None)
         finally:
             with self._changed:
                 self._loading.pop(key, None)
@@ -331,30 +301,29 @@ class ModelManager:
         return r
 
     def acquire(self, name: str | None) -> Resident:
-        """The model to run: the named one (loading it if needed), else the most recently used, else the default."""
+        """The model to run: the named one (loading it if needed), else the most recently used, else the default.
+        One whose own process ended (llama_process) is loaded again with the arguments of its last load, once the
+        requests that still hold it have failed and let go."""
         for _ in range(3):  # a fresh load can be reaped or evicted before we mark it busy: retry
             with self._changed:
                 if name is None:
                     recent = max(self.resident.values(), key=lambda r: r.last_used) if self.resident else None
                     name = recent.name if recent else DEFAULT_MODEL
                 key = name.lower()
-                while key in self._loading:
+                while key in self._loading or ((r := self.resident.get(key)) is not None and r.dead and r.busy):
                     self._changed.wait()
                 r = self.resident.get(key)
-                dead = r is not None and not getattr(r.backend, "alive", True) and r.busy == 0
-                if r is not None and not dead:
+                if r is not None and not r.dead:
                     r.busy += 1
                     r.last_used = time.time()
                     return r
-                if r is not None:  # its own process ended (llama_process): load it again, as it was loaded
+                if r is not None:
+                    self._respawn[key] = r.spec  # a concurrent acquire reloads it the same way
                     self._detach(self.resident.pop(key))
-            if r is None:
-                self._load(key, if_absent=True)
-                continue
-            self._close(r)
-            p = r.plan
-            self._load(key, "llama.cpp", p.context_length, p.n_gpu_layers, p.kv_cache_type, None, r.adapter,
-                       r.keep_alive, if_absent=True, pin=r.pinned)  # fmt: skip
+                spec = self._respawn.get(key) or {"name": key}
+            if r is not None:
+                self._close(r)
+            self._load(**spec, if_absent=True)
         raise CapacityError(f"{name} was unloaded again right after loading; raise infer_max_resident or retry")
 
     def release(self, r: Resident) -> None:
