@@ -173,6 +173,8 @@ async def test_a_child_that_died_is_loaded_again_as_it_was_loaded(env: Any) -> N
         os.kill(old, signal.SIGSEGV)
         # ended, as the server sees it (its cmdline empties while the kernel still tears it down)
         await wait_until(lambda: not dying.alive, timeout=10)
+        mgr = manager(state_of(env[0]))  # the keep-alive reaper frees a dead model's memory while it is idle
+        await wait_until(lambda: MODEL not in mgr.resident and not mgr.ledger.holders("inference"), timeout=10)
         again = await call_ok(client, "infer_complete", model=MODEL, prompt="Hi", max_tokens=4)
         assert again["completion_tokens"] > 0 and worker_pid(env[0]) != old
         loaded = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}[MODEL]["loaded"]

@@ -349,12 +349,14 @@ class ModelManager:
             idle = [
                 r
                 for r in self.resident.values()
-                if r.keep_alive > 0 and r.busy == 0 and not r.pinned and now - r.last_used >= r.keep_alive
+                if r.busy == 0 and (r.dead or (r.keep_alive > 0 and not r.pinned and now - r.last_used >= r.keep_alive))
             ]
             for r in idle:
+                if r.dead:  # its process ended while idle: free its memory now; the next request reloads it as it was
+                    self._respawn[r.name] = r.spec
                 self._detach(self.resident.pop(r.name))
         for r in idle:
-            log.info("unloading %s after %.0f s idle", r.name, r.keep_alive)
+            log.info("unloading %s (%s)", r.name, "its process ended" if r.dead else f"{r.keep_alive:.0f} s idle")
             self._close(r)
         return [r.name for r in idle]
 
