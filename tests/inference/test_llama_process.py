@@ -20,6 +20,7 @@ from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.settings import Settings
+from gpubox.tools.inference import llama_process
 from gpubox.tools.inference.adapter import manager
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.llama_process import LlamaProcessBackend, _rebuilt
@@ -147,6 +148,48 @@ def test_a_crash_during_generation_is_an_error_saying_so() -> None:
         assert not b.alive
     finally:
         b.close()
+
+
+def test_a_child_that_does_not_stop_after_a_cancel_is_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = smollm2_gguf()
+    assert path is not None
+    monkeypatch.setattr(llama_process, "CANCEL_GRACE_S", 0.5)
+    b = LlamaProcessBackend(path, 512, 0, "f16", 1)
+    cancel = threading.Event()
+
+    def hang(_: str) -> None:  # the child stops dead mid-generation (as a hung driver would), then the client cancels
+        if not cancel.is_set():
+            os.kill(b.pid, signal.SIGSTOP)
+            cancel.set()
+
+    try:
+        with pytest.raises(GpuboxError, match=r"ended during generate: it had not stopped 0.5 s after a cancel"):
+            b.generate(None, "Once upon a time", GenParams(max_tokens=400), hang, cancel)
+        assert not b.alive and not is_worker(b.pid)
+    finally:
+        b.close()
+
+
+def test_a_load_that_hangs_is_ended_at_its_deadline_and_leaves_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = smollm2_gguf()
+    assert path is not None
+    # a child that never answers its load (a fake for the hung driver: only the deadline is under test here)
+    monkeypatch.setattr(llama_process, "WORKER", ["-c", "import time; time.sleep(120)  # hung_load_child"])
+    monkeypatch.setattr(llama_process, "LOAD_BASE_S", 0.5)
+    monkeypatch.setattr(llama_process, "LOAD_BYTES_PER_S", 1e12)
+    with pytest.raises(GpuboxError, match=r"ended during load: it did not finish loading within \d+ s"):
+        LlamaProcessBackend(path, 512, 0, "f16", 1)
+    left = [c for c in psutil.Process().children() if "hung_load_child" in " ".join(c.cmdline())]
+    assert all(c.status() == psutil.STATUS_ZOMBIE for c in left)
+
+
+def test_the_childs_import_path_leaves_out_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [str(tmp_path), "", *__import__("sys").path])
+    parts = llama_process.child_env()["PYTHONPATH"].split(os.pathsep)
+    assert str(tmp_path) not in parts and "" not in parts and len(parts) > 1
 
 
 def test_a_callback_that_raises_ends_the_child_rather_than_leave_its_replies_unread() -> None:

@@ -30,6 +30,14 @@ from gpubox.tools.inference.backends import GenOutput, GenParams
 
 CLOSE_S = 10.0  # a close waits this long for the child to free the model before it is killed
 CANCEL_POLL_S = 0.05
+# A child that hangs (a GPU driver that never returns) would hold its model, and every request for it, forever.
+# llama.cpp checks a cancel between tokens, so a child still busy this long after one is ended (a prompt's
+# evaluation runs uninterrupted: tens of seconds for a long prompt on a slow box).
+CANCEL_GRACE_S = 60.0
+# A load reads the file once: 120 s for the libraries and the device, plus the file at 50 MB/s (a slow network
+# disk), before it counts as hung. 40 GB: 15 minutes.
+LOAD_BASE_S, LOAD_BYTES_PER_S = 120.0, 50e6
+WORKER = ["-P", "-m", "gpubox.tools.inference.llama_worker"]  # -P: no working-directory module shadows an import
 BUILTIN: dict[str, type[Exception]] = {
     c.__name__: c for c in (ValueError, TypeError, RuntimeError, MemoryError, OSError, FileNotFoundError)
 }
@@ -54,17 +62,25 @@ class LlamaProcessBackend:
         self._lock = threading.Lock()  # one request at a time: replies carry no request id
         self._write = threading.Lock()  # a cancel is written while a request waits for its reply
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._proc = subprocess.Popen(  # -P: no working-directory module may shadow what the child imports
-            [sys.executable, "-P", "-m", "gpubox.tools.inference.llama_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        )  # fmt: skip
+        self._active: int | None = None  # the request in flight, which a watchdog may end the child for
+        self._watch = threading.Lock()  # so it never ends the child for a request that has just been answered
+        self._why = ""  # why the server ended the child, for the error that follows
+        self._proc = subprocess.Popen(
+            [sys.executable, *WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+        )
         self._drainer = threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True)
         self._drainer.start()
         load = {"op": "load", "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "kv": kv_cache_type,
                 "threads": n_threads, "lora": str(lora_path) if lora_path else None}  # fmt: skip
+        budget = LOAD_BASE_S + path.stat().st_size / LOAD_BYTES_PER_S
         try:
-            self.pid: int = self._request(load)["pid"]
+            self.pid: int = self._request(load, deadline=(budget, f"it did not finish loading within {budget:.0f} s"))[
+                "pid"
+            ]
         except BaseException:
             self.close()
             raise
@@ -95,13 +111,20 @@ class LlamaProcessBackend:
         msg: dict[str, Any],
         on_text: Callable[[str], None] | None = None,
         sent: Callable[[int], None] | None = None,
+        deadline: tuple[float, str] | None = None,
     ) -> Any:
         """Send `msg` and read its replies. Any way out but its final reply (a broken reply, `on_text` raising)
-        leaves unread replies behind, so the child is ended then: the next request would read them as its own."""
+        leaves unread replies behind, so the child is ended then: the next request would read them as its own.
+        `deadline` (seconds, why): the child is ended if the final reply has not come by then."""
         with self._lock:
             reply: dict[str, Any] | None = None
+            rid, self._next_id = self._next_id, self._next_id + 1
+            self._active = rid
+            timer = threading.Timer(deadline[0], self._overdue, (*deadline[1:], rid)) if deadline else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             try:
-                rid, self._next_id = self._next_id, self._next_id + 1
                 self._send({**msg, "id": rid})
                 if sent is not None:
                     sent(rid)
@@ -122,11 +145,23 @@ class LlamaProcessBackend:
             except BaseException:
                 self._kill()
                 raise
+            finally:
+                with self._watch:
+                    self._active = None
+                if timer is not None:
+                    timer.cancel()
         if reply is None:
             raise self._ended(msg["op"])
         if "error" in reply:
             raise _rebuilt(reply["error"])
         return reply["ok"]
+
+    def _overdue(self, why: str, request: int) -> None:
+        """A watchdog's end of the child, only while `request` is still unanswered."""
+        with self._watch:
+            if self._active == request and self._proc.poll() is None:
+                self._why = why
+                self._proc.kill()
 
     def _kill(self) -> None:
         self._closed = True
@@ -143,6 +178,11 @@ class LlamaProcessBackend:
         self._drainer.join(timeout=1)  # the child's last words, before they are quoted
         how = f"{signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
         said = f"; its last message: {self._stderr[-1]}" if self._stderr else ""
+        if self._why:
+            return GpuboxError(
+                f"the llama.cpp process for {self.path.name} was ended during {op}: {self._why}{said}; the server "
+                "is unaffected, and the next request for this model loads it again"
+            )
         if op == "load":
             return ConfigError(
                 f"loading {self.path} ended the llama.cpp process it runs in ({how}{said}); the server is "
@@ -182,6 +222,8 @@ class LlamaProcessBackend:
                 if not done.is_set():
                     with contextlib.suppress(OSError, ValueError):  # the child is gone: the request says so
                         self._send({"op": "cancel", "id": request})
+                    if not done.wait(CANCEL_GRACE_S):
+                        self._overdue(f"it had not stopped {CANCEL_GRACE_S:g} s after a cancel", request)
                 return
 
     def close(self) -> None:
@@ -198,6 +240,13 @@ class LlamaProcessBackend:
             if stream is not None:
                 with contextlib.suppress(OSError):  # stdin's flush fails once the child is gone; it closes anyway
                     stream.close()
+
+
+def child_env() -> dict[str, str]:
+    """The server's environment, with its import path for the child (a venv, PYTHONPATH, an editable install)
+    minus the working directory that `python -m` puts first, which `-P` is there to keep out."""
+    here = {"", os.getcwd()}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p not in here)}
 
 
 class _BadReply(Exception):

@@ -17,7 +17,6 @@ import functools
 import importlib.util
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -120,7 +119,9 @@ def _run_child(args: dict[str, object], path: Path, first: tuple[str, ...]) -> b
     """True when the child loaded and decoded; False when it could not tell (it refused the model with an
     exception, which the real load reports with its reason, or its setup failed: logged); ConfigError when a
     signal ended it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    from gpubox.tools.inference.llama_process import child_env
+
+    env = child_env()
     try:  # -P: no working-directory module may shadow what the child imports
         proc = subprocess.run(
             [sys.executable, "-P", "-c", _CHILD, json.dumps(args)],
