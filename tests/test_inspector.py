@@ -1,4 +1,5 @@
-"""The protocol as a real third-party client sees it: MCP Inspector's CLI against `gpubox serve` over stdio.
+"""The protocol as a real third-party client sees it: MCP Inspector's CLI against `gpubox serve` over stdio, and
+over streamable HTTP and SSE with a bearer token.
 
 Skips when npx is missing or the Inspector package cannot be fetched from the npm registry."""
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import GPUBOX, child_env
+from .conftest import GPUBOX, child_env, running_http_server
 
 pytestmark = pytest.mark.slow
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
@@ -21,13 +22,17 @@ INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 def _inspect(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any, str]:
     """(exit code, JSON result, stderr). Inspector passes the server only the variables given with -e, as
     hosts such as Claude Desktop do, so the state dir goes there too."""
+    server_env = {"GPUBOX_STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1", **(env or {})}
+    flags = [f for k, v in server_env.items() for f in ("-e", f"{k}={v}")]
+    return _inspector(tmp_path, *flags, GPUBOX, "serve", *args)
+
+
+def _inspector(tmp_path: Path, *args: str) -> tuple[int, Any, str]:
     npx = shutil.which("npx")
     if npx is None:
         pytest.skip("npx (Node.js) is not installed; MCP Inspector runs on it")
-    server_env = {"GPUBOX_STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1", **(env or {})}
-    flags = [f for k, v in server_env.items() for f in ("-e", f"{k}={v}")]
     out = subprocess.run(
-        [npx, "-y", INSPECTOR, "--cli", *flags, GPUBOX, "serve", *args],
+        [npx, "-y", INSPECTOR, "--cli", *args],
         env=child_env(tmp_path) | {"npm_config_update_notifier": "false"},
         capture_output=True,
         text=True,
@@ -80,3 +85,17 @@ def test_inspector_passes_a_folded_parameter_inside_more_and_sees_a_misspelt_one
     rc, out, err = _inspect(tmp_path, *common, "--tool-arg", "gpu=A10", "--tool-arg", "optimm=sgd")
     text = out["content"][0]["text"] if out else err
     assert rc == 5 and "unknown argument 'optimm'. Did you mean: optim?" in text, err[-2000:]
+
+
+@pytest.mark.parametrize(("transport", "path"), [("http", "/mcp"), ("sse", "/sse")])
+def test_inspector_over_the_network_needs_the_token_and_then_runs_tools(
+    tmp_path: Path, transport: str, path: str
+) -> None:
+    with running_http_server(tmp_path) as (base, token, _, _):
+        target = ["--server-url", base + path, "--transport", transport]
+        call = ["--method", "tools/call", "--tool-name", "gpu_status"]
+        rc, _, err = _inspector(tmp_path, *target, *call)
+        assert rc != 0 and "auth_required" in err, err[-2000:]  # the 401 made it ask for a login
+        rc, out, err = _inspector(tmp_path, *target, "--header", f"Authorization: Bearer {token}", *call)
+        assert rc == 0, err[-2000:]
+        assert not out.get("isError") and "gpus" in out["structuredContent"]
