@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.types import BlobResourceContents, ImageContent, TextResourceContents
 
-from gpubox.tools.bench.service import rank, winners
+from gpubox.tools.bench.results import rank, winners
 from tests.bench.conftest import PNG, SMALL, bench_workers
 from tests.conftest import call_err, call_ok, call_result, wait_until
 

@@ -1,4 +1,7 @@
-"""The bench service: refuses while the GPU is held, runs the worker, ranks, plots, stores runs and calibrations."""
+"""The bench service: refuses while the GPU is held, runs the worker, stores runs, lists and replots them.
+
+What a finished run's events become (ranking, plots, the device calibration) is in results.py.
+"""
 
 from __future__ import annotations
 
@@ -14,25 +17,12 @@ from gpubox.extras import is_available
 from gpubox.progress import Progress
 from gpubox.settings import Settings
 from gpubox.tools.bench import footprint, plots
+from gpubox.tools.bench.results import attention_result, device_result
 from gpubox.tools.bench.runs import RunStore, uri
-from gpubox.tools.bench.schemas import (
-    AttentionBench,
-    AttentionRow,
-    DeviceBench,
-    DeviceFigure,
-    PlotRef,
-    PlotResult,
-    RunList,
-    RunSummary,
-    ShapeWinner,
-    SkippedBackend,
-)
+from gpubox.tools.bench.schemas import AttentionBench, DeviceBench, PlotRef, PlotResult, RunList, RunSummary
 from gpubox.tools.bench.worker import WorkerOutcome, run_worker
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
-
-CPU_BASELINE = "sdpa_math"
-GPU_BASELINE = "sdpa_efficient"
 
 
 def active_finetune_jobs(settings: Settings) -> list[str]:
@@ -203,53 +193,7 @@ class BenchService:
     def _attention_result(
         self, run_id: str, params: dict[str, Any], baseline: str, outcome: WorkerOutcome
     ) -> tuple[AttentionBench, list[plots.Plot]]:
-        env = next((e for e in outcome.events if e["type"] == "env"), {})
-        device = env.get("device", "unknown")
-        if baseline == "auto":
-            baseline = GPU_BASELINE if device == "cuda" else CPU_BASELINE
-        rows = [tidy({k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "row"]
-        rank(rows, baseline)
-        skipped = [
-            SkippedBackend(**{k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "skip"
-        ]
-        mode = (" causal" if params["causal"] else "") + (" fwd+bwd" if params["backward"] else "")
-        name = env.get("device_name", device)
-        title = f"{name} · {env.get('dtype', '?')} · B={params['batch']} H={env.get('heads')}{mode}"
-        notes: list[str] = []
-        draw = lambda: [plots.tflops_plot(rows, title), plots.speedup_plot(rows, title, baseline)]  # noqa: E731
-        figs = optional_plots(draw, notes) if rows else []
-        if not any(r["backend"] == baseline for r in rows):
-            notes.append(f"the baseline {baseline} did not run, so there are no speedups; see skipped")
-        if any(not r["within_tolerance"] for r in rows):
-            notes.append("rows with within_tolerance=false disagree with the math reference: not ranked or plotted")
-        done = next((e for e in outcome.events if e["type"] == "done"), {})
-        result = AttentionBench(
-            run_id=run_id,
-            status=outcome.status,  # type: ignore[arg-type]
-            message=outcome.message,
-            device=device,
-            device_name=env.get("device_name", "unknown"),
-            dtype=env.get("dtype", params.get("dtype") or "unknown"),
-            batch=params["batch"],
-            heads=env.get("heads", params.get("heads") or 0),
-            causal=params["causal"],
-            backward=params["backward"],
-            warmup=params["warmup"],
-            iterations=params["iterations"],
-            baseline=baseline,
-            tolerance=env.get("tolerance", 0.0),
-            timing=env.get("timing", ""),
-            rows=[AttentionRow(**r) for r in rows],
-            skipped=skipped,
-            winners=winners(rows),
-            peak_memory_mb=done.get("peak_memory_mb"),
-            versions=self._versions(env),
-            plots=[PlotRef(name=p.name, uri=uri(run_id, p.name + ".png"), series=p.series) for p in figs],
-            table_json=uri(run_id, "table.json"),
-            table_csv=uri(run_id, "table.csv"),
-            elapsed_s=round(outcome.elapsed_s, 2),
-            notes=notes,
-        )
+        result, figs = attention_result(run_id, params, baseline, outcome)
         self._store(run_id, "attention", result.model_dump(), [r.model_dump() for r in result.rows], figs)
         return result, figs
 
@@ -262,64 +206,11 @@ class BenchService:
         return await anyio.to_thread.run_sync(lambda: self._device_result(run_id, outcome))
 
     def _device_result(self, run_id: str, outcome: WorkerOutcome) -> DeviceBench:
-        from gpubox.tools.bench.calibrate import datasheet, record
-
-        env = next((e for e in outcome.events if e["type"] == "env"), {})
-        device, name = env.get("device", "unknown"), env.get("device_name", "unknown")
-        est = self.estimator()
-        spec, sheet = datasheet(est, device, name)
-        figures = []
-        for e in (e for e in outcome.events if e["type"] == "figure"):
-            ref, source = sheet.get(e["name"], (None, None))
-            m = e["measured"]
-            figures.append(
-                DeviceFigure(
-                    name=e["name"],
-                    unit=e["unit"],
-                    measured=round(m, 3) if m is not None else None,
-                    datasheet=ref,
-                    ratio=round(m / ref, 3) if m and ref else None,
-                    source=source,
-                    detail=e["detail"],
-                )
-            )
-        calibration = (
-            record(est, device, spec, figures, run_id)
-            if outcome.status == "complete"
-            else f"nothing stored: the run {outcome.status.replace('_', ' ')}"
-        )
-        result = DeviceBench(
-            run_id=run_id,
-            status=outcome.status,  # type: ignore[arg-type]
-            message=outcome.message,
-            device=device,
-            device_name=name,
-            catalog_id=spec.id if spec else None,
-            figures=figures,
-            calibration=calibration,
-            versions=self._versions(env),
-            elapsed_s=round(outcome.elapsed_s, 2),
-        )
-        dumped = [f.model_dump() for f in figures]
-        figs = (
-            optional_plots(lambda: [plots.device_plot(dumped, f"{name} · measured vs datasheet")], [])
-            if figures
-            else []
-        )
+        result, figs = device_result(run_id, outcome, self.estimator())
         self._store(run_id, "device", result.model_dump(), None, figs)
         return result
 
     # --- history --------------------------------------------------------------------------------
-    def _versions(self, env: dict[str, Any]) -> dict[str, str]:
-        out = dict(env.get("versions") or {})
-        if env.get("device") == "cuda":
-            from gpubox.tools.gpu.nvml import gpu_status
-
-            status = gpu_status()
-            if status.driver_version:
-                out["driver"] = status.driver_version
-        return out
-
     def _store(
         self, run_id: str, kind: str, result: dict[str, Any], rows: list[dict[str, Any]] | None, figs: list[plots.Plot]
     ) -> None:
@@ -379,52 +270,3 @@ class BenchService:
             self.runs.save_file(run_id, p.name + ".png", p.png)
         refs = [PlotRef(name=p.name, uri=uri(run_id, p.name + ".png"), series=p.series) for p in figs]
         return PlotResult(run_id=run_id, against=against, plots=refs, notes=notes), figs
-
-
-def optional_plots(draw: Callable[[], list[plots.Plot]], notes: list[str]) -> list[plots.Plot]:
-    """The measurements stand without plots: a box without matplotlib still gets its table."""
-    try:
-        return draw()
-    except MissingExtraError as exc:
-        notes.append(f"no plots: {exc}")
-        return []
-
-
-def tidy(row: dict[str, Any]) -> dict[str, Any]:
-    """Four significant figures: more would be noise between two runs of the same kernel."""
-    for k in ("time_ms", "time_ms_min", "time_ms_max", "tflops", "peak_memory_mb", "max_abs_error"):
-        if isinstance(row.get(k), float):
-            row[k] = float(f"{row[k]:.4g}")
-    row["spread_pct"] = round(row.get("spread_pct", 0.0), 1)
-    return row
-
-
-def rank(rows: list[dict[str, Any]], baseline: str) -> None:
-    """Speedup against the baseline at the same shape; flagged (out-of-tolerance) rows get none."""
-    base = {(r["head_dim"], r["seq_len"]): r["time_ms"] for r in rows if r["backend"] == baseline}
-    for r in rows:
-        b = base.get((r["head_dim"], r["seq_len"]))
-        r["speedup"] = round(b / r["time_ms"], 3) if b and r["within_tolerance"] else None
-        r["winner"] = False
-    for w in winners(rows):
-        for r in rows:
-            if (r["head_dim"], r["seq_len"], r["backend"]) == (w.head_dim, w.seq_len, w.backend):
-                r["winner"] = True
-
-
-def winners(rows: list[dict[str, Any]]) -> list[ShapeWinner]:
-    shapes = sorted({(r["head_dim"], r["seq_len"]) for r in rows})
-    out = []
-    for d, n in shapes:
-        ok = [r for r in rows if (r["head_dim"], r["seq_len"]) == (d, n) and r["within_tolerance"]]
-        best = max(ok, key=lambda r: r["tflops"], default=None)
-        out.append(
-            ShapeWinner(
-                head_dim=d,
-                seq_len=n,
-                backend=best["backend"] if best else None,
-                tflops=best["tflops"] if best else None,
-                speedup=best.get("speedup") if best else None,
-            )
-        )
-    return out

@@ -6,12 +6,12 @@ Rules (one ledger per server process; its state file makes it survive a restart)
 - What may be reserved on a device is the smaller of the budget left (budget minus reservations) and what the
   device physically has left: total minus headroom, minus memory held by processes gpubox does not own, minus
   gpubox's own use (the larger of its reservations and what its processes measure, so memory reserved but not
-  yet allocated and memory allocated beyond the estimate both count).
+  yet allocated and memory allocated beyond the estimate both count); see accounts.py.
 - Each holding names a process; when that process ends (a fine-tune worker exits, the server restarts) the
   holding is released, so a crash never leaks a reservation.
 - `wait_reserve` queues: first in line first among the waiters whose own condition holds (a later, smaller
   request never overtakes it), woken by every release; direct `reserve` calls are answered at once and do not
-  queue.
+  queue; see ledger_queue.py.
 - Work that names its configuration (`key`) reserves what that configuration measured last time where that is
   more than its estimate; its peak while it runs is remembered (footprints.py).
 The lock is held only for bookkeeping; device readings are taken outside it.
@@ -27,10 +27,12 @@ from datetime import UTC, datetime
 
 from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.settings import Settings
+from gpubox.tools.box import accounts
 from gpubox.tools.box.admission import admission
-from gpubox.tools.box.capacity import Reading, child_of, drift, pid_alive, read_devices, start_time
+from gpubox.tools.box.capacity import Reading, drift, pid_alive, read_devices, start_time
 from gpubox.tools.box.footprints import FootprintStore, Peaks, raised
 from gpubox.tools.box.ledger_file import LedgerFile, adopted_at_start, orphans, others
+from gpubox.tools.box.ledger_queue import MemoryQueue
 from gpubox.tools.box.schemas import Admission, BoxState, DeviceAccount, Holding, Kind
 
 log = logging.getLogger("gpubox.box")
@@ -43,8 +45,7 @@ class Ledger:
         self.file = LedgerFile(settings.state_dir / "box" / "ledger.json")
         self.read = read
         self._cond = threading.Condition()
-        self._queue: list[str] = []
-        self._ready: dict[str, bool] = {}  # each waiter's own condition at its last look (see wait_reserve)
+        self._queue = MemoryQueue(self._cond)  # shares the condition: a release wakes the waiters
         self._holdings: dict[str, Holding] = {}  # this server's
         self._others: dict[str, Holding] = {}  # other gpubox servers' on this box, as their last write says
         self.restored: list[str] = []  # what the state file held that still runs (shown once in box_plan)
@@ -100,18 +101,12 @@ class Ledger:
             self._sync()
             self._prune()
 
-    # --- arithmetic -----------------------------------------------------------------------------
+    # --- arithmetic (see accounts) --------------------------------------------------------------
     def budget(self, device: str, total_gb: float | None) -> float:
-        s = self.settings
-        explicit = s.memory_budgets.get(device, s.memory_budget_gb)
-        if explicit is not None:
-            return float(explicit)
-        return max(0.0, (total_gb or 0.0) - self.headroom(total_gb))
+        return accounts.budget(self.settings, device, total_gb)
 
     def headroom(self, total_gb: float | None) -> float:
-        if self.settings.memory_headroom_gb is not None:
-            return self.settings.memory_headroom_gb
-        return max(0.5, 0.05 * (total_gb or 0.0))
+        return accounts.headroom(self.settings, total_gb)
 
     def _owned_pids(self) -> set[int]:
         return {h.pid for h in self._all().values() if h.pid is not None} | {
@@ -119,26 +114,8 @@ class Ledger:
         }
 
     def _accounts(self, readings: dict[str, Reading]) -> dict[str, DeviceAccount]:
-        owned = self._owned_pids() | {os.getpid()}
-        out: dict[str, DeviceAccount] = {}
-        for device, r in readings.items():
-            reserved = sum(h.devices.get(device, 0.0) for h in self._all().values())
-            mine = sum(gb for pid, gb in r.by_pid_gb.items() if pid in owned or child_of(pid, owned))
-            external = max(0.0, r.used_gb - mine)
-            budget = self.budget(device, r.total_gb)
-            free = budget - reserved
-            if r.total_gb is not None:
-                free = min(free, r.total_gb - self.headroom(r.total_gb) - external - max(reserved, mine))
-            out[device] = DeviceAccount(
-                device=device,
-                total_gb=_r(r.total_gb) if r.total_gb is not None else None,
-                budget_gb=_r(budget),
-                reserved_gb=_r(reserved),
-                external_gb=_r(external),
-                free_gb=_r(max(0.0, free)),
-                measured_gb=_r(mine),
-            )
-        return out
+        """Each device's account (caller holds self._cond)."""
+        return accounts.accounts(self.settings, readings, self._all().values(), self._owned_pids() | {os.getpid()})
 
     # --- public ---------------------------------------------------------------------------------
     def check(self, needs: dict[str, float]) -> Admission:
@@ -220,7 +197,7 @@ class Ledger:
         h = Holding(
             owner=owner,
             kind=kind,
-            devices=_rounded(needs),
+            devices=accounts.rounded(needs),
             started=datetime.now(UTC).isoformat(timespec="seconds"),
             pinned=pinned,
             pid=pid,
@@ -250,7 +227,7 @@ class Ledger:
         needs = raised(needs, self._known(key))
         source = "estimator" if needs == estimate else "measured earlier"
         wanted = self._new_holding(owner, kind, needs, frees_with, False, pid, source)
-        self.enter_queue(owner)
+        self._queue.enter(owner)
         try:
             while True:
                 if cancel.is_set():
@@ -259,12 +236,7 @@ class Ledger:
                 ok = ready is None or ready()  # outside the lock: it may read a database
                 with self._cond:
                     self._never_fits(owner, needs, readings)
-                    self._ready[owner] = ok
-                    # first in line among the waiters whose own condition holds: a benchmark waiting for a model
-                    # to stop generating does not hold up a fine-tune job that only waits for memory; one not yet
-                    # checked keeps its place until its first check (which comes at once)
-                    first = next((o for o in self._queue if self._ready.get(o, True)), None)
-                    if first == owner:
+                    if self._queue.turn(owner, ok):
                         try:
                             h = self._try_reserve(wanted, readings)
                         except CapacityError:
@@ -278,11 +250,7 @@ class Ledger:
                     if cancel.is_set():
                         raise CapacityError(f"{owner} left the memory queue (cancelled)")
         finally:
-            with self._cond:
-                if owner in self._queue:
-                    self._queue.remove(owner)
-                self._ready.pop(owner, None)
-                self._cond.notify_all()
+            self._queue.done(owner)
 
     def _never_fits(self, owner: str, needs: dict[str, float], readings: dict[str, Reading]) -> None:
         for device, gb in needs.items():
@@ -299,21 +267,15 @@ class Ledger:
     def enter_queue(self, owner: str) -> None:
         """Take a place in line now, for a caller that reports the place before its waiter thread runs;
         wait_reserve keeps it (and leaves it when it returns or raises)."""
-        with self._cond:
-            if owner not in self._queue:
-                self._queue.append(owner)
+        self._queue.enter(owner)
 
     def leave_queue(self, owner: str) -> None:
         """Out of line now (a cancel): its waiter, woken here, sees its cancel event and returns."""
-        with self._cond:
-            if owner in self._queue:
-                self._queue.remove(owner)
-            self._cond.notify_all()
+        self._queue.leave(owner)
 
     def position(self, owner: str) -> int | None:
         """1-based place in the memory queue, None when not queued."""
-        with self._cond:
-            return self._queue.index(owner) + 1 if owner in self._queue else None
+        return self._queue.position(owner)
 
     def release(self, owner: str) -> bool:
         with self._cond:
@@ -341,7 +303,7 @@ class Ledger:
                 return None
             changes: dict[str, object] = {}
             if needs is not None:
-                changes["devices"] = _rounded(needs)
+                changes["devices"] = accounts.rounded(needs)
             if pid is not None:
                 changes.update(pid=pid, pid_started=start_time(pid))
             if source is not None:
@@ -349,7 +311,7 @@ class Ledger:
             if pinned is not None:
                 changes["pinned"] = pinned
             if measured is not None:  # what in-process work measured (a worker's is read from its processes)
-                changes["measured_gb"] = _rounded(measured) or {d: 0.0 for d in measured}
+                changes["measured_gb"] = accounts.rounded(measured) or {d: 0.0 for d in measured}
             h = h.model_copy(update=changes)
             self._holdings[owner] = h
             self._save()
@@ -364,7 +326,7 @@ class Ledger:
         h = self.holding(owner)
         if h is None or h.pid is None or h.pid == os.getpid():
             return None
-        m = self._measured(h, self._read()).measured_gb or {}
+        m = accounts.measured(h, self._read()).measured_gb or {}
         self.peaks.seen(owner, m)
         return m
 
@@ -390,36 +352,18 @@ class Ledger:
         readings = self._read()
         with self._cond:
             self._refresh()
-            accounts = self._accounts(readings)
-            holdings = [self._measured(h, readings) for h in self._all().values()]
-            queued = list(self._queue)
+            devices = self._accounts(readings)
+            holdings = [accounts.measured(h, readings) for h in self._all().values()]
+            queued = self._queue.queued()
         for h in holdings:
             if h.measured_gb and h.pid != os.getpid():
                 self.peaks.seen(h.owner, h.measured_gb)
-        return BoxState(devices=list(accounts.values()), holdings=holdings, queued=queued, warnings=drift(holdings))
-
-    def _measured(self, h: Holding, readings: dict[str, Reading]) -> Holding:
-        """A worker's own memory per device (its process tree); in-process holdings share the server's."""
-        if h.pid is None or h.pid == os.getpid():
-            return h
-        from gpubox.tools.box.capacity import process_tree
-
-        tree = process_tree([h.pid])
-        measured = {d: _r(sum(gb for pid, gb in r.by_pid_gb.items() if pid in tree)) for d, r in readings.items()}
-        return h.model_copy(update={"measured_gb": {d: gb for d, gb in measured.items() if d in h.devices}})
+        return BoxState(devices=list(devices.values()), holdings=holdings, queued=queued, warnings=drift(holdings))
 
     def _read(self) -> dict[str, Reading]:
         with self._cond:
             pids = self._owned_pids()
         return self.read(pids)
-
-
-def _r(x: float) -> float:
-    return round(x, 3)
-
-
-def _rounded(needs: dict[str, float]) -> dict[str, float]:
-    return {d: _r(gb) for d, gb in needs.items() if gb > 0}
 
 
 def device_of(plan_device: str, gpus: int = 1) -> list[str]:
