@@ -1,4 +1,5 @@
-"""Model shapes from the catalog, a Hugging Face config.json, or a GGUF header (via the `gguf` package)."""
+"""Model shapes from the catalog, a Hugging Face config.json, or a GGUF header (via the `gguf` package), and the
+summary of one that every estimate reports."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpubox.errors import InvalidInputError, MissingExtraError, NotFoundError, U
 from gpubox.paths import open_inside, resolve_inside
 from gpubox.tools.estimate.catalog import Catalog, ModelShape
 from gpubox.tools.estimate.formats import file_type_name
+from gpubox.tools.estimate.schemas import ModelSummary
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 # llama.cpp general.file_type -> our weight-format names, used when the `gguf` enum does not know a code
@@ -46,6 +48,27 @@ class ResolvedModel:
     weight_format: str | None = None  # known when read from a GGUF file
     weight_bytes: int | None = None  # exact tensor bytes of a GGUF file
     chat_template: bool = False  # a GGUF file embeds tokenizer.chat_template
+
+
+def summary(rm: ResolvedModel) -> ModelSummary:
+    """The model as an estimate reports it: its shape and where that was read."""
+    s = rm.shape
+    return ModelSummary(
+        id=s.id,
+        source=rm.source,
+        params=s.params(),
+        params_b=round(s.params() / 1e9, 3),
+        layers=s.layers,
+        hidden=s.hidden,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate=s.intermediate,
+        vocab=s.vocab,
+        tied_embeddings=s.tied_embeddings,
+        max_context=s.max_context,
+        sliding_window=s.sliding_window,
+    )
 
 
 # Bounds far beyond any released decoder (the largest have ~200 layers, hidden 32k, vocab 1M, 10M context):

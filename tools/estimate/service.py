@@ -1,4 +1,7 @@
-"""The estimator service: catalog + calibration store + the inference/training planners."""
+"""The estimator service: catalog + calibration store + the inference/training planners.
+
+A training estimate is assembled in training_estimate.py; this class holds the lookups it plans with.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,14 @@ from pathlib import Path
 
 from gpubox.errors import InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
-from gpubox.tools.estimate import bounds, training_notes
+from gpubox.tools.estimate import bounds, training_estimate
 from gpubox.tools.estimate import inference as inf
 from gpubox.tools.estimate import training as tr
 from gpubox.tools.estimate.calibration import CalibrationStore
 from gpubox.tools.estimate.catalog import Catalog, GpuSpec, norm
 from gpubox.tools.estimate.formats import kv_bytes, normalise_format
-from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model
-from gpubox.tools.estimate.rankings import RANKING_NOTE, TRAINING_RANKING_NOTE, ranking, training_ranking
+from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model, summary
+from gpubox.tools.estimate.rankings import RANKING_NOTE, ranking
 from gpubox.tools.estimate.requests import TrainingRequest
 from gpubox.tools.estimate.schemas import (
     DeviceProfile,
@@ -22,33 +25,12 @@ from gpubox.tools.estimate.schemas import (
     GpuTable,
     InferenceEstimate,
     Measurement,
-    ModelSummary,
     TrainingEstimate,
 )
 from gpubox.tools.estimate.targets import Target, cpu_target, local_target, resolve, with_measured
 from gpubox.tools.gpu.devices import local_gpus
 
 DEFAULT_CONTEXT = 8192
-
-
-def summary(rm: ResolvedModel) -> ModelSummary:
-    s = rm.shape
-    return ModelSummary(
-        id=s.id,
-        source=rm.source,
-        params=s.params(),
-        params_b=round(s.params() / 1e9, 3),
-        layers=s.layers,
-        hidden=s.hidden,
-        heads=s.heads,
-        kv_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        intermediate=s.intermediate,
-        vocab=s.vocab,
-        tied_embeddings=s.tied_embeddings,
-        max_context=s.max_context,
-        sliding_window=s.sliding_window,
-    )
 
 
 class Estimator:
@@ -165,101 +147,7 @@ class Estimator:
     def training(self, req: TrainingRequest, detail: bool = True) -> TrainingEstimate:
         """Memory plan, micro-batch and (when the run length is known) time and cost of `req` on each device;
         several devices without `detail` come as a ranking."""
-        rm = self.model(req.model)
-        shape = rm.shape
-        method = req.method
-        fmt = tr.train_format(method, req.weight_format)
-        targets = tr.lora_targets(req.lora_target_modules, method)
-        if req.max_length > shape.max_context:
-            raise InvalidInputError(
-                f"max_length {req.max_length} exceeds {shape.id}'s maximum context {shape.max_context}"
-            )
-        dataset_tokens = req.dataset_tokens
-        if dataset_tokens is None and req.dataset_samples is not None:
-            dataset_tokens = req.dataset_samples * req.max_length
-        gc_req = req.gradient_checkpointing
-        plan = tr.TrainingPlanInput(
-            method=method,
-            lora_rank=req.lora_r,
-            target_modules=targets,
-            seq_len=req.max_length,
-            gradient_checkpointing=gc_req is not False,
-            optimizer=req.optim,
-            headroom=req.headroom_pct / 100,
-            weight_format=fmt,
-        )
-        trainable = tr.trainable_params(shape, plan)
-        run = tr.RunInput(
-            micro_batch=req.per_device_train_batch_size if isinstance(req.per_device_train_batch_size, int) else None,
-            target_global_batch=req.target_global_batch,
-            accumulation=req.gradient_accumulation_steps,
-            checkpointing=None if gc_req == "auto" else gc_req,
-            dataset_tokens=dataset_tokens,
-            epochs=req.num_train_epochs,
-            max_steps=req.max_steps,
-            gpu_count=req.num_processes,
-            usd_per_kwh=self.settings.electricity_usd_per_kwh,
-            tokens_per_s_override=req.tokens_per_s,
-        )
-        dtype = "fp16" if req.fp16 else ("fp32" if fmt == "fp32" else "bf16")
-        warnings: list[str] = []
-        results = []
-        devices = self.targets(req.gpu, dtype)
-        for t in devices:
-            if req.tokens_per_s is not None and (
-                why := training_notes.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
-            ):
-                warnings.append(why)
-            # a GPU is planned on its real memory; the CPU on the RAM available now
-            vram = t.available_gb if t.spec.id == "cpu" else t.total_gb
-            r = tr.plan_on_gpu(shape, plan, t.spec, run, catalog=self.catalog, store=self.store, vram_override_gb=vram)
-            r.spec_source = t.source
-            results.append(r)
-        if len(results) > 1:
-            results.sort(
-                key=lambda r: (
-                    r.micro_batch is None,
-                    min((c.usd for c in r.costs), default=1e18),
-                    r.wall_hours if r.wall_hours is not None else -r.tokens_per_s,
-                )
-            )
-        warnings += self.ignored("training", devices)
-        compact = not detail and len(results) > 1
-        usd_kwh = self.settings.electricity_usd_per_kwh
-        method_notes = [TRAINING_RANKING_NOTE] if compact else training_notes.assumptions(req, fmt, usd_kwh)
-        assumptions = [n for t in devices for n in t.notes] + method_notes
-        if req.dataset_tokens is None and req.dataset_samples is not None:
-            assumptions.append(
-                f"Dataset tokens = {req.dataset_samples} samples x max_length {req.max_length} (packed)."
-            )
-        if dataset_tokens is None and req.max_steps is None:
-            assumptions.append(
-                "No dataset size or max_steps given: the memory plan and micro-batch do not depend on it; "
-                "wall_hours, costs and electricity are null. Pass dataset_tokens, dataset_samples or max_steps."
-            )
-        est = bounds.finite(
-            TrainingEstimate(
-                model=summary(rm),
-                method=method,
-                weight_format=fmt,
-                lora_rank=req.lora_r if method != "full" else None,
-                target_modules=targets,
-                trainable_params=trainable,
-                trainable_pct=round(100 * trainable / shape.params(), 4),
-                seq_len=req.max_length,
-                gradient_checkpointing=gc_req,
-                optimizer=req.optim,
-                optimizer_bytes_per_param=tr.optimizer_bytes(req.optim, 4 if method != "full" or fmt == "fp32" else 2),
-                dataset_tokens=dataset_tokens,
-                epochs=req.num_train_epochs,
-                results=results,
-                assumptions=assumptions,
-                warnings=warnings,
-            )
-        )
-        if compact:
-            est.ranking, est.results = training_ranking(results), []
-        return est
+        return training_estimate.estimate(self, req, detail)
 
     def ignored(self, kind: str, targets: list[Target]) -> list[str]:
         """Stored device profiles and runs of `kind` on these devices that estimates left out, and why."""

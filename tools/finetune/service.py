@@ -1,17 +1,16 @@
 """The fine-tuning service: plans, job launch in detached worker processes, status, cancel, resume.
 
 State lives on disk (`<state_dir>/finetune/`: jobs.sqlite, jobs/<id>/, plans/, adapters/, base/), so a restarted
-server finds running jobs again; nothing here imports torch except the tokenizer used by plan().
+server finds running jobs again; nothing here imports torch except the tokenizer used by plan(). Starting a worker
+and watching it until its measurements are recorded is supervisor.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -25,16 +24,13 @@ from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, exited, gone, log_tail, read_metrics
+from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
 from gpubox.tools.finetune.status import next_step, read_status
+from gpubox.tools.finetune.supervisor import CANCEL_MARK, Supervisor
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
-
-log = logging.getLogger("gpubox.finetune")
-CANCEL_MARK = "cancel-requested"
-
 
 _DONE = ("completed", "failed", "cancelled")
 
@@ -57,11 +53,10 @@ class Finetuner:
         for d in (self.plans_dir, self.adapters_dir, self.base_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
-        # records a finished job's (and its probe's) measured memory and tokens/s as an estimator calibration
-        self.calibrate = calibrate
         # models this server holds loaded for inference (empty when the inference family was never built)
         self.loaded = loaded or dict
-        self._settled: dict[str, threading.Event] = {}  # jobs whose worker this process watches
+        # before the queue: a job re-queued below may start (and need the supervisor) at once
+        self.supervisor = Supervisor(self.store, self.ledger, calibrate, lambda j: self.status(j, settled=False))
         self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
         self._slot = threading.Lock()  # checking "no job runs" and starting one happen as one step
         # a restart re-queues what was waiting (their waiter threads died with it), oldest first
@@ -71,7 +66,7 @@ class Finetuner:
                     self._enqueue(row["id"])
                 except Exception as exc:  # a plan deleted or no longer valid: that job fails, the others wait on
                     self._fail_queued(row["id"], f"could not be queued again after a restart: {exc}")
-        threading.Thread(target=self._settle_finished, name="finetune-settle", daemon=True).start()
+        threading.Thread(target=self.supervisor.settle_finished, name="finetune-settle", daemon=True).start()
 
     # --- plan -----------------------------------------------------------------------------------
     def registry(self) -> dict[str, Any]:
@@ -187,7 +182,7 @@ class Finetuner:
             if waits:
                 self._enqueue(job_id)
             else:
-                self._spawn(job_id)
+                self.supervisor.spawn(job_id)
         except BaseException:
             self.ledger.release(admission.owner(job_id))
             raise
@@ -204,7 +199,7 @@ class Finetuner:
             if not self.store.transition(job_id, "queued", "starting"):  # cancelled meanwhile
                 self.ledger.release(admission.owner(job_id))
                 return
-            self._spawn(job_id)
+            self.supervisor.spawn(job_id)
 
     def _fail_queued(self, job_id: str, why: str) -> None:
         self.store.finish(job_id, "failed", error=why)
@@ -230,101 +225,6 @@ class Finetuner:
         snapshot(job_dir, plan, plan_id, inject_oom, adapter_dir, self.root, self.settings.allowed_roots)
         self.store.create(job_id, name, plan.base.name, req.method, state)
 
-    def _spawn(self, job_id: str) -> None:
-        job_dir = self.store.job_dir(job_id)
-        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
-        nproc, device = int(cfg.get("num_processes", 1)), cfg.get("device", "cpu")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        env.update(launcher.environment(nproc, device))
-        (job_dir / CANCEL_MARK).unlink(missing_ok=True)
-        with (job_dir / "log.txt").open("ab") as log:
-            proc = subprocess.Popen(
-                launcher.command(job_dir, nproc, device),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=job_dir,
-                env=env,
-                start_new_session=True,  # its own process group: survives the server, cancel signals the group
-            )
-        # the worker holds the memory from now on; updated before the row shows the pid, so a caller that sees
-        # the pid also sees the worker holding the memory. A worker nobody could track or cancel must not run on.
-        try:
-            self.ledger.update(admission.owner(job_id), pid=proc.pid)
-            self.store.set_process(job_id, proc.pid)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
-        # that stops while the job trains on does not warn about a child still running
-        self._watch(job_id, lambda timeout: exited(proc, timeout))
-
-    def _watch(self, job_id: str, exited: Callable[[float], bool]) -> None:
-        """Until the worker exits: resize its reservation to the probe's measurement once taken; then release its
-        memory and record what it measured as calibrations (writes happen here, where the state changes, so
-        finetune_status stays a pure read)."""
-        settled = self._settled[job_id] = threading.Event()
-
-        def run() -> None:
-            resized = False
-            try:
-                while not exited(2.0):
-                    resized = resized or self._resize_from_probe(job_id)
-                self.ledger.release(admission.owner(job_id))
-                self._settle(job_id)
-            except Exception:  # a damaged job folder must not kill the watcher silently
-                log.exception("watching fine-tune job %s", job_id)
-            finally:
-                self.ledger.release(admission.owner(job_id))
-                settled.set()
-
-        threading.Thread(target=run, name=f"finetune-watch-{job_id}", daemon=True).start()
-
-    def _resize_from_probe(self, job_id: str) -> bool:
-        probe = next((m["probe"] for m in read_metrics(self.store.job_dir(job_id)) if "probe" in m), None)
-        if not probe or not probe.get("peak_memory_gb"):
-            return False
-        h = self.ledger.holding(admission.owner(job_id))
-        if h is not None:
-            measured = {d: float(probe["peak_memory_gb"]) for d in h.devices}
-            if list(measured) == ["host"]:  # CPU ranks share the host: the probe measured one rank
-                measured["host"] *= self.status(job_id, settled=False).num_processes
-            self.ledger.update(h.owner, needs=measured, source="probe measurement")
-        return True
-
-    def _settle(self, job_id: str) -> None:
-        """Offer a finished job's probe and run measurements to the estimator, once each."""
-        if self.calibrate is None:
-            return
-        row = self.store.reconcile(job_id)
-        if row is None or row["state"] in (*ACTIVE, "queued"):
-            return
-        job_dir = self.store.job_dir(job_id)
-        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
-        st = self.status(job_id, settled=False)
-        if st.probe is not None and self.store.claim(job_id, "probe_calibrated"):
-            _append_event(job_dir, "probe " + self.calibrate({**cfg, **st.probe.model_dump()}))
-        if row["state"] == "completed" and self.store.claim(job_id, "calibrated"):
-            result = json.loads(row["result"]) if row["result"] else {}
-            # the estimator's calibrations are per device: the Trainer's token count sums all ranks
-            per_device = st.tokens_per_s / st.num_processes if st.tokens_per_s else None
-            info = {**cfg, **result, "tokens_per_s": per_device, "peak_memory_gb": st.peak_memory_gb}
-            _append_event(job_dir, self.calibrate(info))
-
-    def _settle_finished(self) -> None:
-        """At start: settle jobs that finished while no server watched them; watch workers that outlived one."""
-        for row in self.store.all():
-            try:
-                if row["state"] in ACTIVE and pid_alive(row["pid"], row["pid_started"]):
-                    pid, started = row["pid"], row["pid_started"]
-                    self._watch(row["id"], lambda t, p=pid, s0=started: gone(p, s0, t))
-                elif not row["calibrated"] or not row["probe_calibrated"]:
-                    self._settle(row["id"])
-            except Exception:
-                log.exception("settling fine-tune job %s", row["id"])
-
     # --- status ---------------------------------------------------------------------------------
     def row(self, job_id: str) -> dict[str, Any]:
         row = self.store.reconcile(job_id)
@@ -336,9 +236,8 @@ class Finetuner:
         """The job as its files show it; reads only. A job this process watched and that just ended is reported
         once its measurements are recorded (`settled`), so the events list them."""
         row = self.row(job_id)
-        watched = self._settled.get(job_id)
-        if settled and watched is not None and row["state"] not in (*ACTIVE, "queued"):
-            watched.wait(30)
+        if settled and row["state"] not in (*ACTIVE, "queued"):
+            self.supervisor.wait_settled(job_id, 30)
         job_dir = self.store.job_dir(job_id)
         st = read_status(job_id, row, job_dir)
         if row["state"] == "queued":
@@ -406,7 +305,7 @@ class Finetuner:
         try:
             (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
             self.store.update(job_id, state="starting", error=None, finished=None)
-            self._spawn(job_id)
+            self.supervisor.spawn(job_id)
         except BaseException:
             self.ledger.release(admission.owner(job_id))
             raise
@@ -420,9 +319,3 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
-
-
-def _append_event(job_dir: Path, event: str) -> None:
-    from gpubox.tools.finetune.jobs import append_metric
-
-    append_metric(job_dir, {"event": event, "t": time.time()})

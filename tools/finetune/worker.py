@@ -30,7 +30,7 @@ from gpubox.tools.finetune.base import ensure_hf_base
 from gpubox.tools.finetune.jobs import JobStore, append_metric
 from gpubox.tools.finetune.probe import OOM_HINT, InjectedOOMError, is_oom, run_probe
 
-CANCEL_MARK = "cancel-requested"  # written by the service's cancel (service.CANCEL_MARK)
+CANCEL_MARK = "cancel-requested"  # written by the service's cancel (the name is supervisor.CANCEL_MARK)
 STOP = {"requested": False, "training": False}
 RANK = {"rank": 0, "world": 1, "job_dir": Path(".")}
 
