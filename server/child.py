@@ -49,8 +49,16 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def python_module(module: str, *args: str) -> list[str]:
-    """argv that runs `module` with this server's interpreter (so the child sees the same packages)."""
-    return [sys.executable, "-m", module, *args]
+    """argv that runs `module` with this server's interpreter (so the child sees the same packages); -P: the
+    working directory, which `-m` would put first on the import path, cannot shadow a module the child imports."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def import_path() -> str:
+    """The server's import path as PYTHONPATH for a child that must see what it sees (a venv, PYTHONPATH, an
+    editable install), minus the working directory that `python -m` put first and `-P` keeps out."""
+    here = {"", os.getcwd()}
+    return os.pathsep.join(p for p in sys.path if p not in here)
 
 
 @dataclass

@@ -183,15 +183,6 @@ def test_a_load_that_hangs_is_ended_at_its_deadline_and_leaves_no_child(monkeypa
     assert all(c.status() == psutil.STATUS_ZOMBIE for c in left)
 
 
-def test_the_childs_import_path_leaves_out_the_working_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.path", [str(tmp_path), "", *__import__("sys").path])
-    parts = llama_process.child_env()["PYTHONPATH"].split(os.pathsep)
-    assert str(tmp_path) not in parts and "" not in parts and len(parts) > 1
-
-
 def test_a_callback_that_raises_ends_the_child_rather_than_leave_its_replies_unread() -> None:
     path = smollm2_gguf()
     assert path is not None

@@ -223,7 +223,7 @@ async def test_attach_routes_an_existing_server_and_never_stops_it(box: Any, tmp
         again = await call_err(c, "serve_start", model=MODEL, enforce_eager=True)
         assert f"already served by engine {main['id']}" in again
         taken = await call_err(c, "serve_attach", base_url=main["base_url"], api_key=main["api_key"])
-        assert "already served here" in taken  # the same name twice would make routing ambiguous
+        assert f"already served by engine {main['id']}" in taken  # the same name twice: routing would be ambiguous
     # a second gpubox (another user's, say) attaches the running engine by URL and key
     other = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
     try:

@@ -37,6 +37,15 @@ def test_one_gpu_takes_the_share_the_ledger_has_free() -> None:
     assert plan.memory_gb["cuda:0"] == pytest.approx(60.0)
 
 
+def test_a_utilization_override_above_the_free_share_is_refused_not_over_committed() -> None:
+    s = shape("llama-3.1-8b")
+    gpus = [Gpu(total_gb=80.0, free_gb=30.0)]  # 0.375 of the card is free in the ledger
+    with pytest.raises(CapacityError, match=r"asks vLLM for 72.0 GB.*gpu_memory_utilization <= 0.375"):
+        plan_engine(s, 16.0, "bfloat16", gpus, 64.0, 4096, Overrides(gpu_memory_utilization=0.9))
+    plan, args = plan_engine(s, 16.0, "bfloat16", gpus, 64.0, 4096, Overrides(gpu_memory_utilization=0.3))
+    assert args[-2:] == ["--gpu-memory-utilization", "0.300"] and plan.memory_gb["cuda:0"] == pytest.approx(24.0)
+
+
 def test_a_model_too_big_for_one_gpu_is_split_over_the_smallest_tensor_parallel_group() -> None:
     s = shape("llama-3.1-70b")  # ~141 GB of bf16 weights
     gpus = [Gpu(total_gb=80.0, free_gb=78.0) for _ in range(4)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gpubox.child import CHILD_ENV, child_env, run_child
+from gpubox.child import CHILD_ENV, child_env, import_path, python_module, run_child
 from tests.conftest import wait_until
 
 pytestmark = [
@@ -138,3 +138,21 @@ async def test_the_child_environment_is_a_copy_with_the_child_settings() -> None
     code = "import os; print(os.environ['HF_HUB_OFFLINE'], os.environ.get('EXTRA_FOR_TEST'))"
     assert (await run_child(python(code), time_limit_s=60)).lines == ["1 None"]
     assert (await run_child(python(code), time_limit_s=60, env=env)).lines == ["1 1"]
+
+
+def test_the_childs_import_path_leaves_out_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [str(tmp_path), "", *sys.path])
+    parts = import_path().split(os.pathsep)
+    assert str(tmp_path) not in parts and "" not in parts and len(parts) > 1
+
+
+async def test_a_python_module_child_does_not_import_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "json.py").write_text("raise SystemExit('shadowed')\n")  # a stray file named like a stdlib module
+    monkeypatch.chdir(tmp_path)
+    result = await run_child(python_module("json.tool", "--help"), time_limit_s=60)
+    assert result.ok and "shadowed" not in result.stderr

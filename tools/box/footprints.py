@@ -13,7 +13,6 @@ Holdings restored after a server restart carry no key: their peaks are shown, no
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpubox.filelock import exclusive
 
 log = logging.getLogger("gpubox.box")
 ABOVE = 1.10  # a peak this far above the estimate replaces it for the next reservation
@@ -52,14 +53,8 @@ class FootprintStore:
     def _changing(self) -> Iterator[None]:
         """Read-modify-write under this process's lock and a file lock: every gpubox server on the box shares the
         file, and two writing at once would otherwise lose one's figure."""
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
+        with self._lock, exclusive(self.path.with_name(f".{self.path.name}.lock")):
+            yield
 
     def record(self, key: str, used: dict[str, float]) -> None:
         with self._changing():

@@ -9,14 +9,14 @@ the memory (`pid`): what a live worker or engine holds outlives its server and i
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
+from gpubox.filelock import exclusive
 from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.schemas import Holding
 
@@ -27,15 +27,8 @@ class LedgerFile:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive(self.path.with_suffix(".lock"))
 
     def read(self) -> list[Holding]:
         try:

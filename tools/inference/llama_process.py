@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from gpubox import errors
+from gpubox.child import import_path
 from gpubox.errors import ConfigError, GpuboxError
 from gpubox.extras import require
 from gpubox.tools.inference.backends import GenOutput, GenParams
@@ -70,7 +71,7 @@ class LlamaProcessBackend:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=child_env(),
+            env={**os.environ, "PYTHONPATH": import_path()},
         )
         self._drainer = threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True)
         self._drainer.start()
@@ -240,13 +241,6 @@ class LlamaProcessBackend:
             if stream is not None:
                 with contextlib.suppress(OSError):  # stdin's flush fails once the child is gone; it closes anyway
                     stream.close()
-
-
-def child_env() -> dict[str, str]:
-    """The server's environment, with its import path for the child (a venv, PYTHONPATH, an editable install)
-    minus the working directory that `python -m` puts first, which `-P` is there to keep out."""
-    here = {"", os.getcwd()}
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p not in here)}
 
 
 class _BadReply(Exception):

@@ -17,12 +17,14 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from gpubox.child import import_path
 from gpubox.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -119,9 +121,7 @@ def _run_child(args: dict[str, object], path: Path, first: tuple[str, ...]) -> b
     """True when the child loaded and decoded; False when it could not tell (it refused the model with an
     exception, which the real load reports with its reason, or its setup failed: logged); ConfigError when a
     signal ended it."""
-    from gpubox.tools.inference.llama_process import child_env
-
-    env = child_env()
+    env = {**os.environ, "PYTHONPATH": import_path()}
     try:  # -P: no working-directory module may shadow what the child imports
         proc = subprocess.run(
             [sys.executable, "-P", "-c", _CHILD, json.dumps(args)],

@@ -4,6 +4,7 @@ Prometheus metrics and streamed chat/completions. Plain httpx, so any such serve
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -30,6 +31,10 @@ METRICS = {
 }
 
 
+# /health, /models and /metrics answers are kilobytes (vLLM's metrics with many adapters: hundreds of KB)
+MAX_BODY = 8 * 2**20
+
+
 def verify(url: str) -> ssl.SSLContext | bool:
     """TLS verification for https engines, with one SSL context for the process: httpx builds one per client
     otherwise (~15 ms of CPU on the event loop per request, measured by bench/serve_bench.py); a loopback http://
@@ -47,7 +52,35 @@ def headers(api_key: str | None) -> dict[str, str]:
 
 
 def _get(url: str, api_key: str | None, timeout: float) -> httpx.Response:
-    return httpx.get(url, headers=headers(api_key), timeout=timeout, verify=verify(url))
+    """GET with a deadline for the whole exchange and a cap on the body. httpx's timeout bounds each read, so a
+    server that sends a byte a second would hold the calling worker thread for good (and a cancelled MCP call
+    cannot free a thread); here the request is cancelled at `timeout`, a reliable stop in async code. It runs an
+    event loop of its own, so it blocks: call it from a worker thread."""
+    try:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread (a worker thread): the usual case
+            return anyio.run(_get_within, url, api_key, timeout)
+        with concurrent.futures.ThreadPoolExecutor(1) as one:  # called on a loop's thread: its own thread then
+            return one.submit(anyio.run, _get_within, url, api_key, timeout).result()
+    except TimeoutError:
+        raise httpx.ReadTimeout(f"no complete answer from {url} within {timeout:g} s") from None
+    except (httpx.InvalidURL, UnicodeError, ValueError) as exc:  # a malformed URL or a key no header can carry
+        raise InvalidInputError(f"cannot send a request to {url!r}: {exc}") from None
+
+
+async def _get_within(url: str, api_key: str | None, timeout: float) -> httpx.Response:
+    with anyio.fail_after(timeout):
+        async with (
+            httpx.AsyncClient(verify=verify(url), timeout=timeout) as c,
+            c.stream("GET", url, headers=headers(api_key)) as r,
+        ):
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    raise httpx.DecodingError(f"{url} answered more than {MAX_BODY // 2**20} MB")
+            return httpx.Response(r.status_code, headers=r.headers, content=bytes(body), request=r.request)
 
 
 def root_of(base_url: str) -> str:

@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,40 +26,16 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
+from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
 from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, ServePlan
 
 log = logging.getLogger("gpubox.serve")
-LOG_TAIL_LINES = 30
 LIVE: tuple[EngineState, ...] = ("preparing", "starting", "ready")
+CLOSE_WAIT_S = 10.0
 
 
 def owner(engine_id: str) -> str:
     return f"engine {engine_id}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-def log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> str | None:
-    if not path or not Path(path).is_file():
-        return None
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - 64_000))
-        text = f.read().decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class EngineManager:
@@ -71,53 +46,21 @@ class EngineManager:
         # the box reads the folder, so an engine one server started is found, routed and stopped by the others
         self.root = settings.state_dir / "serve" / "engines"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock = threading.Lock()
-        for rec in self._load().values():  # a restart finds running engines again, watches starting ones
+        self.store = RecordStore(self.root)
+        self._cancels: dict[str, threading.Event] = {}  # engines still preparing here: a stop cancels the build
+        self._launchers: dict[str, threading.Thread] = {}
+        for rec in self.store.load().values():  # a restart finds running engines again, watches starting ones
             if rec.state == "starting" and pid_alive(rec.pid, rec.pid_started):
                 threading.Thread(target=self._await_ready, args=(rec.id,), daemon=True).start()
-            elif rec.state == "preparing" and not pid_alive(rec.launcher_pid, None):
-                self.ledger.release(owner(rec.id))  # its launcher died with the previous server
+            elif rec.state in ("preparing", "starting") and rec.pid is None and not pid_alive(rec.launcher_pid, None):
+                self.ledger.release(owner(rec.id))  # its launcher died with the previous server, before the spawn
                 why = "gpubox restarted before the engine was launched; start it again"
-                self._set(rec.id, state="failed", error=why)
-
-    # --- records --------------------------------------------------------------------------------
-    def _file(self, engine_id: str) -> Path:
-        return self.root / f"{engine_id}.json"
-
-    def _read(self, path: Path) -> EngineRecord | None:
-        try:
-            return EngineRecord.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            log.warning("engine record %s unreadable (%s); skipped", path, exc)
-            return None
-
-    def _load(self) -> dict[str, EngineRecord]:
-        found = (self._read(p) for p in sorted(self.root.glob("*.json")))
-        return {r.id: r for r in found if r is not None}
-
-    def _write(self, rec: EngineRecord) -> None:
-        tmp = self.root / f".{rec.id}.{os.getpid()}.{threading.get_ident()}.tmp"  # unique per writer
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(rec.model_dump_json(indent=1))
-        os.replace(tmp, self._file(rec.id))
-
-    def _set(self, engine_id: str, **changes: object) -> EngineRecord:
-        with self._lock:
-            return self._set_locked(engine_id, **changes)
-
-    def _set_locked(self, engine_id: str, **changes: object) -> EngineRecord:
-        current = self._read(self._file(engine_id))
-        if current is None:
-            raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
-        rec = current.model_copy(update=changes)
-        self._write(rec)
-        return rec
+                self.store.move(rec.id, ("preparing", "starting"), state="failed", error=why)
 
     def record(self, engine_id: str) -> EngineRecord:
         if not engine_id.isalnum():
             raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
-        rec = self._read(self._file(engine_id)) if self._file(engine_id).is_file() else None
+        rec = self.store.read(self.store.file(engine_id)) if self.store.file(engine_id).is_file() else None
         if rec is None:
             raise NotFoundError(f"no engine '{engine_id}'; serve_list shows them")
         return self._reconcile(rec)
@@ -133,11 +76,12 @@ class EngineManager:
         ):
             self.ledger.release(owner(rec.id))
             why = "the engine process exited" + (" during start-up" if rec.state == "starting" else "")
-            return self._set(rec.id, state="failed", error=f"{why}; see log_tail")
+            moved = self.store.move(rec.id, ("starting", "ready"), state="failed", error=f"{why}; see log_tail")
+            return moved or self.store.read(self.store.file(rec.id)) or rec
         return rec
 
     def records(self) -> list[EngineRecord]:
-        return [self._reconcile(r) for r in self._load().values()]
+        return [self._reconcile(r) for r in self.store.load().values()]
 
     def serving(self, model: str) -> EngineRecord | None:
         """The live engine serving `model` (its served name), if any: where infer_* requests for it go."""
@@ -152,24 +96,38 @@ class EngineManager:
         self,
         name: str,
         hf_path: Path,
-        prepare: Callable[[], None] | None,
+        prepare: Callable[[threading.Event], None] | None,
         plan: ServePlan,
         args: list[str],
         python: str,
         port: int | None,
         aliases: list[str] | None = None,
         memory_key: str | None = None,
+        prepare_gb: float = 0.0,
     ) -> EngineRecord:
         """Reserve the plan's memory, then prepare and launch in the background; returns the record at once.
-        `memory_key` names the configuration whose measured peak the ledger remembers (plan.footprint_key)."""
-        for rec in self.records():
-            if rec.model.lower() == name.lower() and rec.state in (*LIVE, "attached"):
-                raise BusyError(
-                    f"'{name}' is already served by engine {rec.id} ({rec.state}); use it, or serve_stop it first"
-                )
-        if port is not None and port_taken(port):
+        `memory_key` names the configuration whose measured peak the ledger remembers (plan.footprint_key);
+        `prepare_gb` is host memory `prepare` takes beyond the engine's own, held only while it runs."""
+        with self.store.locked():  # checked and written at once: two starts of one name (or port) cannot both pass
+            return self._start_locked(name, hf_path, prepare, plan, args, python, port, aliases, memory_key, prepare_gb)
+
+    def _start_locked(
+        self,
+        name: str,
+        hf_path: Path,
+        prepare: Callable[[threading.Event], None] | None,
+        plan: ServePlan,
+        args: list[str],
+        python: str,
+        port: int | None,
+        aliases: list[str] | None,
+        memory_key: str | None,
+        prepare_gb: float,
+    ) -> EngineRecord:
+        held = self._check_free(name)
+        if port is not None and (port in held or port_taken(port)):
             raise InvalidInputError(f"port {port} on 127.0.0.1 is taken; pass another port or leave it out")
-        port = port or free_port()
+        port = port or free_port(held)
         engine_id = uuid.uuid4().hex[:8]
         key = secrets.token_urlsafe(24)
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_path)]
@@ -192,29 +150,64 @@ class EngineManager:
             log_path=str(self.root / f"{engine_id}.log"),
             launcher_pid=os.getpid(),
         )
-        with self._lock:
-            self._write(rec)
-        threading.Thread(target=self._launch, args=(engine_id, prepare, key), daemon=True).start()
+        try:
+            if prepare is not None and prepare_gb > 0:  # the HF copy's build: released once it is done
+                needs = {"host": prepare_gb}
+                self.ledger.reserve(
+                    f"{owner(engine_id)} (preparing)", "engine", needs, f"serve_stop engine_id='{engine_id}'"
+                )
+            self.store.write(rec)
+        except BaseException:
+            self.ledger.release(f"{owner(engine_id)} (preparing)")
+            self.ledger.release(owner(engine_id))
+            raise
+        cancel = self._cancels[engine_id] = threading.Event()
+        launcher = threading.Thread(target=self._launch, args=(engine_id, prepare, key, cancel), daemon=True)
+        self._launchers[engine_id] = launcher
+        launcher.start()
         return rec
 
-    def _launch(self, engine_id: str, prepare: Callable[[], None] | None, key: str) -> None:
+    def _check_free(self, name: str) -> set[int]:
+        """Refuse a name a live engine serves; the ports live engines hold (caller holds the lock)."""
+        held: set[int] = set()
+        for rec in self.records():
+            if rec.state not in (*LIVE, "attached"):
+                continue
+            if rec.model.lower() == name.lower():
+                raise BusyError(
+                    f"'{name}' is already served by engine {rec.id} ({rec.state}); use it, or serve_stop it first"
+                )
+            if rec.port is not None:
+                held.add(rec.port)
+        return held
+
+    def _launch(
+        self, engine_id: str, prepare: Callable[[threading.Event], None] | None, key: str, cancel: threading.Event
+    ) -> None:
         try:
             if prepare is not None:
-                prepare()
+                try:
+                    prepare(cancel)
+                finally:
+                    self.ledger.release(f"{owner(engine_id)} (preparing)")
             # checked and spawned under the lock serve_stop marks 'stopped' under: a stop either comes first
             # (nothing is spawned) or finds the pid and kills it
-            with self._lock:
-                rec = self._set_locked(engine_id)
+            with self.store.locked():
+                rec = self.store.set_locked(engine_id)
                 if rec.state not in ("preparing", "starting"):
                     self.ledger.release(owner(engine_id))
                     return
                 proc = self._spawn(rec, key)
-                rec = self._set_locked(engine_id, state="starting", pid=proc.pid, pid_started=start_time(proc.pid))
+                rec = self.store.set_locked(engine_id, state="starting", pid=proc.pid, pid_started=start_time(proc.pid))
         except Exception as exc:  # preparing or spawning failed: say why, hold nothing
-            log.exception("starting engine %s", engine_id)
             self.ledger.release(owner(engine_id))
-            self._set(engine_id, state="failed", error=f"could not start: {type(exc).__name__}: {exc}")
+            why = f"could not start: {type(exc).__name__}: {exc}"
+            if self.store.move(engine_id, ("preparing", "starting"), state="failed", error=why) is not None:
+                log.exception("starting engine %s", engine_id)  # not after a stop, which cancels the build
             return
+        finally:
+            self._cancels.pop(engine_id, None)
+            self._launchers.pop(engine_id, None)
         self.ledger.update(owner(engine_id), pid=proc.pid)  # the engine holds the memory from now on
         threading.Thread(target=proc.wait, name=f"engine-reaper-{engine_id}", daemon=True).start()
         self._await_ready(engine_id)
@@ -243,12 +236,12 @@ class EngineManager:
             if rec.state != "starting":
                 return  # failed (process exited), or stopped meanwhile
             if client.healthy(rec.base_url, rec.api_key):
-                self._set(engine_id, state="ready")
-                self.ledger.observe(owner(engine_id))  # weights, KV space and compiled graphs are all in by now
+                if self.store.move(engine_id, ("starting",), state="ready") is not None:
+                    self.ledger.observe(owner(engine_id))  # weights, KV space and compiled graphs are all in by now
                 return
             time.sleep(1.0)  # the engine offers no start-up event; its /health is the signal
         self.stop(engine_id)
-        self._set(engine_id, state="failed", error=f"not ready after {self.settings.serve_start_timeout_s:.0f} s")
+        self.store.set(engine_id, state="failed", error=f"not ready after {self.settings.serve_start_timeout_s:.0f} s")
 
     # --- attach / stop --------------------------------------------------------------------------
     def attach(self, base_url: str, api_key: str | None, name: str | None) -> EngineRecord:
@@ -258,8 +251,6 @@ class EngineManager:
         model = name or served[0]
         if model not in served:
             raise InvalidInputError(f"{base_url} does not serve '{model}'; it serves: {', '.join(served)}")
-        if any(r.model.lower() == model.lower() and r.state in (*LIVE, "attached") for r in self.records()):
-            raise BusyError(f"a model named '{model}' is already served here; serve_stop it first")
         rec = EngineRecord(
             id=uuid.uuid4().hex[:8],
             engine="openai",
@@ -270,19 +261,22 @@ class EngineManager:
             started=time.time(),
             state="attached",
         )
-        with self._lock:
-            self._write(rec)
+        with self.store.locked():
+            self._check_free(model)
+            self.store.write(rec)
         return rec
 
     def stop(self, engine_id: str, grace_s: float = 30.0) -> EngineRecord:
         """Attached servers are only forgotten; a run engine gets SIGTERM, then SIGKILL for its whole group."""
         rec = self.record(engine_id)
         if rec.engine == "openai":
-            with self._lock:
-                self._file(engine_id).unlink(missing_ok=True)
+            with self.store.locked():
+                self.store.file(engine_id).unlink(missing_ok=True)
             return rec.model_copy(update={"state": "stopped"})
-        with self._lock:  # the launcher spawns under this lock only while the state is preparing/starting
-            rec = self._set_locked(engine_id, state="stopped")
+        with self.store.locked():  # the launcher spawns under this lock only while the state is preparing/starting
+            rec = self.store.set_locked(engine_id, state="stopped")
+        if (cancel := self._cancels.get(engine_id)) is not None:
+            cancel.set()  # a build of the HF copy in progress here ends now
         if rec.pid is not None and pid_alive(rec.pid, rec.pid_started):
             _signal_group(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
@@ -321,7 +315,13 @@ class EngineManager:
         )
 
     def close(self) -> None:
-        """Engines are detached on purpose: they keep serving when gpubox stops; a restart finds them."""
+        """Engines are detached on purpose: they keep serving when gpubox stops; a restart finds them. A build
+        of an HF copy still running here is ended (its thread dies with this process; a restart fails its
+        record)."""
+        for cancel in list(self._cancels.values()):
+            cancel.set()
+        for launcher in list(self._launchers.values()):
+            launcher.join(timeout=CLOSE_WAIT_S)  # the build's process group is killed before this process ends
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -214,6 +214,12 @@ def _gpu_plan(
     share = min(g.free_gb / g.total_gb for g in used)
     # rounded down: rounding up would ask for more than the ledger has free and be refused by it
     util = o.gpu_memory_utilization or math.floor(min(0.95, share) * 1000) / 1000
+    if util > share + 1e-9:  # vLLM takes util x total on each GPU: more than the ledger has free over-commits it
+        raise CapacityError(
+            f"gpu_memory_utilization {util} asks vLLM for {util * min(g.total_gb for g in used):.1f} GB of each GPU, "
+            f"but the box ledger has {min(g.free_gb for g in used):.1f} GB free ({share:.3f} of it); pass "
+            f"gpu_memory_utilization <= {math.floor(share * 1000) / 1000} or free memory (box_plan)"
+        )
     need = weights_gb / (tp * pp) + GPU_RUNTIME_GB + ctx * kv_token / GB / (tp * pp)
     if util * min(g.total_gb for g in used) < need:
         raise CapacityError(

@@ -3,14 +3,22 @@ engine's interpreter, the plan, and the engine manager underneath."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpubox.child import child_env, import_path
 from gpubox.errors import GpuboxError, InvalidInputError
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
@@ -31,6 +39,7 @@ PREPARE = (
 )
 
 
+BUILD_LIMIT_S = 3600.0
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted --max-lora-rank values
 
 
@@ -104,25 +113,47 @@ class ServeService:
             raise InvalidInputError(
                 f"served name '{served}' must start with a letter or digit and hold only letters, digits, '-', '_', '.'"
             )
-        prepare: Callable[[], None] | None = None
+        prepare: Callable[[threading.Event], None] | None = None
+        prepare_gb = 0.0
         if not base.hf_ready:
-
-            def build() -> None:
-                cmd = [sys.executable, "-c", PREPARE, base.format, base.path, base.hf_path]
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-                if done.returncode != 0:
-                    raise RuntimeError(f"building the HF copy failed: {done.stderr[-800:]}")
-
-            prepare = build
+            prepare = functools.partial(build_hf_copy, [base.format, base.path, base.hf_path])
+            # transformers dequantises the GGUF into a float32 model in memory (4 bytes a parameter) while the
+            # file is read: held on the host until the copy is written
+            rm = resolve_model(base.path, package_catalog(), [Path(base.path).parent])
+            prepare_gb = rm.shape.params() * 4 / 1e9 + Path(base.path).stat().st_size / 1e9
 
         lora = self.adapter(model)
         aliases = [lora.name] if lora is not None else []
         memory_key = footprint_key(base.hf_path, args, plan.env)
-        rec = self.engines.start(served, Path(base.hf_path), prepare, plan, args, python, port, aliases, memory_key)
+        rec = self.engines.start(
+            served, Path(base.hf_path), prepare, plan, args, python, port, aliases, memory_key, prepare_gb
+        )
         return self.engines.status(rec.id)
 
     def close(self) -> None:
         self.engines.close()
+
+
+def build_hf_copy(args: list[str], cancel: threading.Event, limit_s: float = BUILD_LIMIT_S) -> None:
+    """The HF copy of a GGUF base, built in a process group of its own that a serve_stop (`cancel`) or the
+    server's close ends at once; -P keeps the working directory off its import path."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-c", PREPARE, *args], stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True, env=child_env(PYTHONPATH=import_path()),
+        )  # fmt: skip
+        deadline = time.monotonic() + limit_s
+        while proc.poll() is None:
+            if cancel.wait(0.5) or time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                why = "stopped" if cancel.is_set() else f"not done within {limit_s:.0f} s"
+                raise RuntimeError(f"building the HF copy: {why}")
+        if proc.returncode != 0:
+            err.seek(0, os.SEEK_END)
+            err.seek(max(0, err.tell() - 800))
+            raise RuntimeError(f"building the HF copy failed: {err.read().decode('utf-8', 'replace')}")
 
 
 VERSION_PROBE = (
