@@ -267,3 +267,35 @@ def test_a_waiter_held_back_by_its_own_condition_does_not_hold_up_the_line(tmp_p
     device_busy.set()
     first.join(timeout=10)
     assert got == ["job", "benchmark"]
+
+
+def test_what_a_dead_servers_worker_holds_survives_another_servers_write(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Server A reserves for a worker and exits; the worker trains on. Server B's next write (a release, before
+    anything re-read the file) must keep that holding: dropping it would hand out memory the worker uses."""
+    state = tmp_path / "state"
+    a = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys; from gpubox.settings import Settings; from gpubox.tools.box.ledger import Ledger\n"
+            f"led = Ledger(Settings.load(state_dir={str(state)!r}))\n"
+            f"led.reserve('job w', 'finetune', {{'host': 3.0}}, 'finetune_cancel', pid={sleeper.pid})\n"
+            "print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert a.stdout is not None and a.stdout.readline().strip() == "held"
+    b = Ledger(Settings.load(state_dir=state), read=reader())  # type: ignore[arg-type]
+    b.reserve("model m", "inference", {"host": 1.0}, "infer_unload name='m'")
+    a.communicate("")  # server A exits; its worker does not
+    b.release("model m")
+    assert [(h.owner, h.devices) for h in b.state().holdings] == [("job w", {"host": 3.0})]  # adopted by B
+
+
+def test_a_budget_above_the_device_is_capped_at_what_it_has(tmp_path: Path) -> None:
+    led = ledger(tmp_path, memory_budget_gb=1000.0)  # host: 16 GB (reader), headroom 0.8 GB
+    host = next(d for d in led.state().devices if d.device == "host")
+    assert host.budget_gb == pytest.approx(15.2)
+    with pytest.raises(CapacityError):  # refused at once as never fitting, not queued for good
+        led.wait_reserve("job big", "finetune", {"host": 200.0}, "finetune_cancel", threading.Event())

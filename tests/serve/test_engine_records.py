@@ -6,6 +6,7 @@ here a `prepare` that waits on its cancel stands in for the build so that nothin
 from __future__ import annotations
 
 import contextlib
+import gzip
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from gpubox.tools.serve.engines import EngineManager, owner
 from gpubox.tools.serve.schemas import EngineRecord, ServePlan
 from tests.conftest import call_err
 
+METRICS = b'# HELP x\nvllm:num_requests_running{model_name="m"} 2.0\nvllm:generation_tokens_total 41.0\n'
 PLAN = ServePlan(
     device="cpu", dtype="auto", max_model_len=256, memory_gb={"host": 0.05}, command=[], env={}, reasons=[]
 )
@@ -172,7 +174,7 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0) -> bool:
 @pytest.fixture
 def slow_server() -> Iterator[tuple[str, threading.Event]]:
     """An HTTP server that announces 1,000 bytes and sends one every 0.1 s (each read within any per-read
-    timeout), or, with `big` set, a 64 KB body at once."""
+    timeout), or, with `big` set, a 64 KB body at once; /metrics is a small gzipped Prometheus text."""
     listener = socket.create_server(("127.0.0.1", 0))
     big, done = threading.Event(), threading.Event()
 
@@ -187,7 +189,12 @@ def slow_server() -> Iterator[tuple[str, threading.Event]]:
 
     def answer(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):  # the client hangs up on it
-            conn.recv(65536)
+            asked = conn.recv(65536)
+            if b"/metrics" in asked:  # gzipped, as prometheus_client serves it to a client that accepts gzip
+                body = gzip.compress(METRICS)
+                head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+                conn.sendall(head.encode() + body)
+                return
             size = 65536 if big.is_set() else 1000
             conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
             if big.is_set():
@@ -217,13 +224,26 @@ def test_a_server_that_trickles_its_answer_is_given_up_at_the_deadline(slow_serv
         client.models(url, None, timeout=1.0)
 
 
+def test_a_gzipped_answer_is_read_once_decoded(slow_server: tuple[str, Any]) -> None:
+    url, _ = slow_server
+    m = client.metrics(url, None, timeout=10.0)
+    assert m is not None and m.requests_running == 2.0 and m.generation_tokens_total == 41.0
+
+
+@pytest.mark.anyio
+async def test_a_get_called_on_an_event_loop_thread_still_answers(slow_server: tuple[str, Any]) -> None:
+    url, _ = slow_server
+    m = client.metrics(url, None, timeout=10.0)  # blocking, on purpose: a caller that forgot to_thread
+    assert m is not None and m.requests_running == 2.0
+
+
 def test_an_answer_over_the_size_cap_is_refused(slow_server: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     url, big = slow_server
     big.set()
     monkeypatch.setattr(client, "MAX_BODY", 4096)
     with pytest.raises(NotFoundError, match="answered more than"):
         client.models(url, None, timeout=10.0)
-    assert client.metrics(url, None, timeout=10.0) is None
+    assert client.healthy(url, None, timeout=10.0) is False
 
 
 @pytest.mark.anyio

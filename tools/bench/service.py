@@ -6,6 +6,7 @@ What a finished run's events become (ranking, plots, the device calibration) is 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -62,8 +63,10 @@ class BenchService:
 
     async def _admit(
         self, what: str, needs: dict[str, float], queue: bool, progress: Progress | None, key: str | None = None
-    ) -> None:
-        owner = f"benchmark {what}"
+    ) -> str:
+        """Reserve for this call, under a name of its own (two clients' runs of one benchmark must never release
+        each other's memory); returns that name."""
+        owner = f"benchmark {what} {uuid.uuid4().hex[:6]}"
         if not queue:
             holders = await anyio.to_thread.run_sync(self.contention)
             if holders:
@@ -83,6 +86,7 @@ class BenchService:
         else:
             await self._queue(owner, needs, progress, key)
         self.active = what
+        return owner
 
     async def _queue(self, owner: str, needs: dict[str, float], progress: Progress | None, key: str | None) -> None:
         """Wait in the ledger's queue until memory frees, no benchmark runs and nothing disturbs the timing."""
@@ -124,8 +128,10 @@ class BenchService:
             self.ledger.release(owner)
             raise
 
-    def _release(self, what: str) -> None:
-        self.ledger.release(f"benchmark {what}")
+    def _release(self, owner: str, peak: object) -> None:
+        if isinstance(peak, dict):  # before the release: a peak above the estimate is remembered for its key
+            self.ledger.update(owner, measured=peak)
+        self.ledger.release(owner)
         self.active = None
         self._lock.release()
 
@@ -142,7 +148,7 @@ class BenchService:
             raise MissingExtraError("Device benchmarks", "bench", "torch")
         needs = await anyio.to_thread.run_sync(lambda: self.needs(task, params))
         key = footprint.key(task, params, needs)
-        await self._admit(task, needs, queue, progress, key)
+        owner = await self._admit(task, needs, queue, progress, key)
         done = 0
 
         async def on_event(event: dict[str, Any]) -> None:
@@ -160,9 +166,8 @@ class BenchService:
             return outcome
         finally:
             peak = next((e["peak_gb"] for e in (outcome.events if outcome else []) if e.get("type") == "memory"), None)
-            if isinstance(peak, dict):  # before the release: a peak above the estimate is remembered for its key
-                self.ledger.update(f"benchmark {task}", measured=peak)
-            self._release(task)
+            with anyio.CancelScope(shield=True):  # file locks and writes: off the event loop, even when cancelled
+                await anyio.to_thread.run_sync(self._release, owner, peak)
 
     def needs(self, task: str, params: dict[str, Any]) -> dict[str, float]:
         """The estimate for this run (before anything a past run of the same shape measured)."""

@@ -16,10 +16,13 @@ from gpubox.tools.box.schemas import DeviceAccount, Holding
 
 
 def budget(settings: Settings, device: str, total_gb: float | None) -> float:
+    """The setting's budget for `device`, never above what it physically has less the headroom (a 1000 GB budget
+    on a 64 GB host would report memory that does not exist and queue work that can never fit, not refuse it)."""
+    physical = max(0.0, (total_gb or 0.0) - headroom(settings, total_gb))
     explicit = settings.memory_budgets.get(device, settings.memory_budget_gb)
     if explicit is not None:
-        return float(explicit)
-    return max(0.0, (total_gb or 0.0) - headroom(settings, total_gb))
+        return min(float(explicit), physical) if total_gb is not None else float(explicit)
+    return physical
 
 
 def headroom(settings: Settings, total_gb: float | None) -> float:

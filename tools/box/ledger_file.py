@@ -41,12 +41,25 @@ class LedgerFile:
             return []
 
     def write(self, mine: Iterable[Holding]) -> None:
-        """Replace this server's holdings in the file, keeping live servers' (caller holds the lock)."""
-        others = [h for h in self.read() if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None)]
+        """Replace this server's holdings in the file, keeping live servers' and what a dead server's workers
+        still hold (an orphan nobody has adopted yet: dropping it would free memory a live process uses)
+        (caller holds the lock)."""
+        mine = list(mine)
+        names = {h.owner for h in mine}
+        others = [
+            h for h in self.read() if h.server_pid not in (None, os.getpid()) and h.owner not in names and _kept(h)
+        ]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
         data = {"holdings": [h.model_dump(mode="json") for h in [*others, *mine]]}
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _kept(h: Holding) -> bool:
+    """Another server's holding that still stands: its server lives, or the worker or engine holding it does."""
+    if pid_alive(h.server_pid, None):
+        return True
+    return h.pid not in (None, h.server_pid) and pid_alive(h.pid, h.pid_started)
 
 
 def adopted_at_start(held: Iterable[Holding]) -> list[Holding]:

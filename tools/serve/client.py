@@ -33,6 +33,7 @@ METRICS = {
 
 # /health, /models and /metrics answers are kilobytes (vLLM's metrics with many adapters: hundreds of KB)
 MAX_BODY = 8 * 2**20
+_WIRE_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
 
 
 def verify(url: str) -> ssl.SSLContext | bool:
@@ -80,7 +81,10 @@ async def _get_within(url: str, api_key: str | None, timeout: float) -> httpx.Re
                 body += chunk
                 if len(body) > MAX_BODY:
                     raise httpx.DecodingError(f"{url} answered more than {MAX_BODY // 2**20} MB")
-            return httpx.Response(r.status_code, headers=r.headers, content=bytes(body), request=r.request)
+            # the body is decoded already (gzip: prometheus_client's /metrics, proxies): without the headers that
+            # describe the wire form, or the new Response would decode it a second time
+            kept = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
+            return httpx.Response(r.status_code, headers=kept, content=bytes(body), request=r.request)
 
 
 def root_of(base_url: str) -> str:
