@@ -57,7 +57,10 @@ def python_module(module: str, *args: str) -> list[str]:
 def import_path() -> str:
     """The server's import path as PYTHONPATH for a child that must see what it sees (a venv, PYTHONPATH, an
     editable install), minus the working directory that `python -m` put first and `-P` keeps out."""
-    here = {"", os.getcwd()}
+    try:
+        here = {"", os.getcwd()}
+    except OSError:  # the working directory was deleted: nothing on the path can be it
+        here = {""}
     return os.pathsep.join(p for p in sys.path if p not in here)
 
 

@@ -163,7 +163,7 @@ def test_a_child_that_does_not_stop_after_a_cancel_is_ended(monkeypatch: pytest.
             cancel.set()
 
     try:
-        with pytest.raises(GpuboxError, match=r"ended during generate: it had not stopped 0.5 s after a cancel"):
+        with pytest.raises(GpuboxError, match=r"ended during generate: it had not stopped 0.54 s after a cancel"):
             b.generate(None, "Once upon a time", GenParams(max_tokens=400), hang, cancel)
         assert not b.alive and not is_worker(b.pid)
     finally:
@@ -177,7 +177,7 @@ def test_a_load_that_hangs_is_ended_at_its_deadline_and_leaves_no_child(monkeypa
     monkeypatch.setattr(llama_process, "WORKER", ["-c", "import time; time.sleep(120)  # hung_load_child"])
     monkeypatch.setattr(llama_process, "LOAD_BASE_S", 0.5)
     monkeypatch.setattr(llama_process, "LOAD_BYTES_PER_S", 1e12)
-    with pytest.raises(GpuboxError, match=r"ended during load: it did not finish loading within \d+ s"):
+    with pytest.raises(GpuboxError, match=r"loading .* was ended: it did not finish loading within \d+ s"):
         LlamaProcessBackend(path, 512, 0, "f16", 1)
     left = [c for c in psutil.Process().children() if "hung_load_child" in " ".join(c.cmdline())]
     assert all(c.status() == psutil.STATUS_ZOMBIE for c in left)

@@ -1,7 +1,8 @@
 """The engine manager's bookkeeping without an engine: starts that race for one name or port, a stop while the HF
-copy is still being built, the build's memory, records a stop has ended, a launcher that died before its spawn,
-and servers that answer slowly, hugely or not as URLs. The real engine's lifecycle is tests/serve/test_engine.py;
-here a `prepare` that waits on its cancel stands in for the build so that nothing is ever spawned."""
+copy is still being built (here or from another server), the build's memory and lock, records a stop has ended, a
+launcher that died before its spawn, and servers that answer slowly, hugely, gzipped or not as URLs. The real
+engine's lifecycle is tests/serve/test_engine.py; here a `prepare` that waits on its cancel stands in for the build
+so that nothing is ever spawned."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from mcp import Client
 from gpubox.app import build_server, state_of
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
+from gpubox.tools.box.capacity import start_time
 from gpubox.tools.box.ledger import Ledger
-from gpubox.tools.serve import client, service
-from gpubox.tools.serve.engines import EngineManager, owner
+from gpubox.tools.serve import client, engines, service
+from gpubox.tools.serve.engines import EngineManager, Preparing, building, owner
 from gpubox.tools.serve.schemas import EngineRecord, ServePlan
 from tests.conftest import call_err
 
@@ -45,14 +47,14 @@ def manager(tmp_path: Path) -> Iterator[EngineManager]:
     m.close()
 
 
-def waiting(started: threading.Event) -> Callable[[threading.Event], None]:
+def waiting(started: threading.Event) -> Callable[[Preparing], None]:
     """A build that lasts until it is cancelled (a stop), saying when it began."""
 
-    def prepare(cancel: threading.Event) -> None:
+    def prepare(prep: Preparing) -> None:
         started.set()
-        if not cancel.wait(60):
+        if not prep.cancel.wait(60):
             raise RuntimeError("never cancelled")
-        raise RuntimeError("building the HF copy: stopped")
+        raise RuntimeError(f"building the HF copy: {prep.why}")
 
     return prepare
 
@@ -92,17 +94,17 @@ def test_a_port_given_to_an_engine_still_preparing_is_refused_to_the_next(manage
 
 def test_a_stop_while_preparing_cancels_the_build_frees_its_memory_and_stays_stopped(manager: EngineManager) -> None:
     began = threading.Event()
-    rec = start(manager, "prep", waiting(began), prepare_gb=0.25)
+    rec = start(manager, "prep", waiting(began), prepare_gb=0.3)
     assert began.wait(30)
-    held = manager.ledger.holding(f"{owner(rec.id)} (preparing)")
-    assert held is not None and held.devices == {"host": 0.25}  # the build's host memory, beside the engine's
+    held = manager.ledger.holding(building(rec.id))
+    assert held is not None and held.devices == {"host": 0.25}  # what the build takes beyond the engine's 0.05
     assert manager.stop(rec.id).state == "stopped"
     launcher = manager._launchers.get(rec.id)
     if launcher is not None:
         launcher.join(30)
     assert manager.record(rec.id).state == "stopped"  # the cancelled build did not turn it into "failed"
     assert manager.ledger.holding(owner(rec.id)) is None
-    assert manager.ledger.holding(f"{owner(rec.id)} (preparing)") is None
+    assert manager.ledger.holding(building(rec.id)) is None
 
 
 def test_a_stopped_record_is_never_moved_to_ready_or_failed(manager: EngineManager) -> None:
@@ -119,38 +121,69 @@ def test_a_record_whose_launcher_died_before_the_spawn_is_failed_at_the_next_sta
     first = EngineManager(settings, Ledger(settings))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    for state in ("preparing", "starting"):
-        rec = EngineRecord(
-            id=f"dead{state}", engine="vllm", model=state, source="x", base_url="http://127.0.0.1:9/v1",
-            started=time.time(), state=state, launcher_pid=gone.pid,
-        )  # fmt: skip
-        first.store.write(rec)
-    again = EngineManager(settings, Ledger(settings))
-    for state in ("preparing", "starting"):
-        rec = again.record(f"dead{state}")
-        assert rec.state == "failed" and rec.error is not None and "restarted" in rec.error
+    build = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        for state in ("preparing", "starting"):
+            rec = EngineRecord(
+                id=f"dead{state}", engine="vllm", model=state, source="x", base_url="http://127.0.0.1:9/v1",
+                started=time.time(), state=state, launcher_pid=gone.pid,
+                build_pid=build.pid if state == "preparing" else None, build_started=start_time(build.pid),
+            )  # fmt: skip
+            first.store.write(rec)
+        again = EngineManager(settings, Ledger(settings))
+        for state in ("preparing", "starting"):
+            rec = again.record(f"dead{state}")
+            assert rec.state == "failed" and rec.error is not None and "restarted" in rec.error
+        assert build.wait(30) == -9  # the HF-copy build the dead server left running was ended
+    finally:
+        build.kill()
+        build.wait()
 
 
 @pytest.mark.slow  # starts processes
-def test_the_hf_copy_build_is_ended_with_its_process_group_on_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "PREPARE", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
-                        "'-c', 'import time; time.sleep(120)  # build_helper']); time.sleep(120)")  # fmt: skip
-    cancel = threading.Event()
+def test_the_hf_copy_build_is_ended_with_its_process_group_and_its_lock_on_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stands in for ensure_hf_base: a lock file removed in `finally`, and a helper process of its own
+    build = (
+        "import os, subprocess, sys, time\n"
+        "lock = sys.argv[3] + '.lock'; open(lock, 'w').close()\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)  # build_helper'])\n"
+        "try:\n    time.sleep(120)\nfinally:\n    os.unlink(lock)\n"
+    )
+    monkeypatch.setattr(service, "PREPARE", build)
+    prep = Preparing(threading.Event(), lambda _pid: None)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            service.build_hf_copy(["gguf", "x", "y"], cancel)
+            service.build_hf_copy(["gguf", "x", str(tmp_path / "hf")], prep)
         except RuntimeError as exc:
             errors.append(exc)
 
     worker = threading.Thread(target=run)
     worker.start()
-    assert wait_for(lambda: helpers("build_helper"))
-    cancel.set()
+    assert wait_for(lambda: helpers("build_helper") and (tmp_path / "hf.lock").exists())
+    prep.cancel.set()
     worker.join(30)
     assert not worker.is_alive() and "stopped" in str(errors[0])
+    assert not (tmp_path / "hf.lock").exists()  # SIGTERM let its `finally` run
     assert wait_for(lambda: not helpers("build_helper"))  # the helper the build started went with it
+
+
+def test_a_stop_from_another_gpubox_server_cancels_the_build_here(
+    manager: EngineManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engines, "STOP_POLL_S", 0.05)
+    began = threading.Event()
+    rec = start(manager, "elsewhere", waiting(began), prepare_gb=1.0)
+    assert began.wait(30)
+    other = EngineManager(manager.settings, Ledger(manager.settings))  # a second server on the same state dir
+    assert other.stop(rec.id).state == "stopped"
+    launcher = manager._launchers.get(rec.id)
+    assert launcher is None or (launcher.join(30), not launcher.is_alive())[1]
+    assert manager.ledger.holding(building(rec.id)) is None and manager.ledger.holding(owner(rec.id)) is None
+    assert manager.record(rec.id).state == "stopped"
 
 
 def helpers(tag: str) -> list[psutil.Process]:
@@ -265,3 +298,24 @@ async def test_attach_to_a_malformed_url_or_with_a_key_no_header_carries_is_a_cl
             assert (await c.call_tool("serve_list", {})).structured_content == {"engines": []}
     finally:
         state_of(mcp).close()
+
+
+@pytest.mark.slow  # starts a process
+def test_a_start_waits_for_another_servers_hold_on_the_records(manager: EngineManager) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys; from pathlib import Path; from gpubox.filelock import exclusive\n"
+            f"with exclusive(Path({str(manager.root / '.lock')!r})):\n"
+            "    print('held', flush=True); sys.stdin.readline()",
+        ],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    done = threading.Event()
+    starter = threading.Thread(target=lambda: (start(manager, "locked", waiting(threading.Event())), done.set()))
+    starter.start()
+    assert not done.wait(0.5)  # the other server is checking or writing a record: this start waits for it
+    holder.communicate("\n")
+    assert done.wait(30)
+    starter.join(30)

@@ -35,6 +35,7 @@ CANCEL_POLL_S = 0.05
 # llama.cpp checks a cancel between tokens, so a child still busy this long after one is ended (a prompt's
 # evaluation runs uninterrupted: tens of seconds for a long prompt on a slow box).
 CANCEL_GRACE_S = 60.0
+PREFILL_CHARS_PER_S = 400.0  # plus the prompt at ~100 tokens/s, the slowest evaluation worth waiting for
 # A load reads the file once: 120 s for the libraries and the device, plus the file at 50 MB/s (a slow network
 # disk), before it counts as hung. 40 GB: 15 minutes.
 LOAD_BASE_S, LOAD_BYTES_PER_S = 120.0, 50e6
@@ -66,6 +67,7 @@ class LlamaProcessBackend:
         self._active: int | None = None  # the request in flight, which a watchdog may end the child for
         self._watch = threading.Lock()  # so it never ends the child for a request that has just been answered
         self._why = ""  # why the server ended the child, for the error that follows
+        budget = LOAD_BASE_S + path.stat().st_size / LOAD_BYTES_PER_S  # before the spawn: a missing file leaves none
         self._proc = subprocess.Popen(
             [sys.executable, *WORKER],
             stdin=subprocess.PIPE,
@@ -77,7 +79,6 @@ class LlamaProcessBackend:
         self._drainer.start()
         load = {"op": "load", "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers, "kv": kv_cache_type,
                 "threads": n_threads, "lora": str(lora_path) if lora_path else None}  # fmt: skip
-        budget = LOAD_BASE_S + path.stat().st_size / LOAD_BYTES_PER_S
         try:
             self.pid: int = self._request(load, deadline=(budget, f"it did not finish loading within {budget:.0f} s"))[
                 "pid"
@@ -132,6 +133,8 @@ class LlamaProcessBackend:
                 while line := self._proc.stdout.readline() if self._proc.stdout else b"":  # b"": the child is gone
                     got = _reply(line)
                     if "ok" in got or "error" in got:
+                        with self._watch:  # answered: no watchdog may end the child for this request now
+                            self._active = None
                         reply = got
                         break
                     if "text" in got and on_text is not None:
@@ -179,9 +182,15 @@ class LlamaProcessBackend:
         self._drainer.join(timeout=1)  # the child's last words, before they are quoted
         how = f"{signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit {code}"
         said = f"; its last message: {self._stderr[-1]}" if self._stderr else ""
-        if self._why:
+        why, self._why = self._why, ""  # told once: requests queued behind it meet a plain end
+        if why and op == "load":
             return GpuboxError(
-                f"the llama.cpp process for {self.path.name} was ended during {op}: {self._why}{said}; the server "
+                f"the llama.cpp process loading {self.path} was ended: {why}{said} (a hung GPU driver or a very "
+                "slow disk); the server is unaffected. Check the GPU (gpu_status), or try n_gpu_layers=0"
+            )
+        if why:
+            return GpuboxError(
+                f"the llama.cpp process for {self.path.name} was ended during {op}: {why}{said}; the server "
                 "is unaffected, and the next request for this model loads it again"
             )
         if op == "load":
@@ -208,23 +217,25 @@ class LlamaProcessBackend:
         msg = {"op": "generate", "messages": messages, "prompt": prompt, "params": dataclasses.asdict(p),
                "cancelled": cancel.is_set()}  # fmt: skip
         done = threading.Event()
+        size = len(prompt or "") + sum(len(str(m.get("content", ""))) for m in messages or [])
+        grace = CANCEL_GRACE_S + size / PREFILL_CHARS_PER_S
 
         def watch(rid: int) -> None:  # once the request is sent: a cancel names it
-            threading.Thread(target=self._forward_cancel, args=(cancel, done, rid), daemon=True).start()
+            threading.Thread(target=self._forward_cancel, args=(cancel, done, rid, grace), daemon=True).start()
 
         try:
             return GenOutput(**self._request(msg, on_text, sent=watch))
         finally:
             done.set()
 
-    def _forward_cancel(self, cancel: threading.Event, done: threading.Event, request: int) -> None:
+    def _forward_cancel(self, cancel: threading.Event, done: threading.Event, request: int, grace: float) -> None:
         while not done.is_set():
             if cancel.wait(CANCEL_POLL_S):
                 if not done.is_set():
                     with contextlib.suppress(OSError, ValueError):  # the child is gone: the request says so
                         self._send({"op": "cancel", "id": request})
-                    if not done.wait(CANCEL_GRACE_S):
-                        self._overdue(f"it had not stopped {CANCEL_GRACE_S:g} s after a cancel", request)
+                    if not done.wait(grace):
+                        self._overdue(f"it had not stopped {grace:g} s after a cancel", request)
                 return
 
     def close(self) -> None:

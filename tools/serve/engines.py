@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
@@ -31,11 +32,28 @@ from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, 
 
 log = logging.getLogger("gpubox.serve")
 LIVE: tuple[EngineState, ...] = ("preparing", "starting", "ready")
-CLOSE_WAIT_S = 10.0
+CLOSE_WAIT_S = 15.0  # a close waits this long in all for builds it cancelled to end
+STOP_POLL_S = 2.0  # how often a build checks its record: a stop from another gpubox server is seen there
+
+
+@dataclass
+class Preparing:
+    """What a `prepare` callable is given: the cancel a stop (here or from another server, seen in the record)
+    or the server's close sets, why it was set, and where to say which process it started (killed by the next
+    server if this one dies first)."""
+
+    cancel: threading.Event
+    started: Callable[[int], None]
+    why: str = "stopped"
 
 
 def owner(engine_id: str) -> str:
     return f"engine {engine_id}"
+
+
+def building(engine_id: str) -> str:
+    """The ledger name of the host memory an engine's HF-copy build takes beyond the engine's own."""
+    return f"engine {engine_id} (building its HF copy)"
 
 
 class EngineManager:
@@ -47,13 +65,15 @@ class EngineManager:
         self.root = settings.state_dir / "serve" / "engines"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = RecordStore(self.root)
-        self._cancels: dict[str, threading.Event] = {}  # engines still preparing here: a stop cancels the build
+        self._cancels: dict[str, Preparing] = {}  # engines still preparing here: a stop cancels the build
         self._launchers: dict[str, threading.Thread] = {}
         for rec in self.store.load().values():  # a restart finds running engines again, watches starting ones
             if rec.state == "starting" and pid_alive(rec.pid, rec.pid_started):
                 threading.Thread(target=self._await_ready, args=(rec.id,), daemon=True).start()
             elif rec.state in ("preparing", "starting") and rec.pid is None and not pid_alive(rec.launcher_pid, None):
                 self.ledger.release(owner(rec.id))  # its launcher died with the previous server, before the spawn
+                if rec.build_pid is not None and pid_alive(rec.build_pid, rec.build_started):
+                    _signal_group(rec.build_pid, signal.SIGKILL)  # and left its HF-copy build running
                 why = "gpubox restarted before the engine was launched; start it again"
                 self.store.move(rec.id, ("preparing", "starting"), state="failed", error=why)
 
@@ -96,7 +116,7 @@ class EngineManager:
         self,
         name: str,
         hf_path: Path,
-        prepare: Callable[[threading.Event], None] | None,
+        prepare: Callable[[Preparing], None] | None,
         plan: ServePlan,
         args: list[str],
         python: str,
@@ -115,7 +135,7 @@ class EngineManager:
         self,
         name: str,
         hf_path: Path,
-        prepare: Callable[[threading.Event], None] | None,
+        prepare: Callable[[Preparing], None] | None,
         plan: ServePlan,
         args: list[str],
         python: str,
@@ -151,18 +171,22 @@ class EngineManager:
             launcher_pid=os.getpid(),
         )
         try:
-            if prepare is not None and prepare_gb > 0:  # the HF copy's build: released once it is done
-                needs = {"host": prepare_gb}
+            # the HF copy's build, beyond the engine's own host reservation (the engine loads only after it):
+            # released once the build is done
+            extra = prepare_gb - estimate.get("host", 0.0)
+            if prepare is not None and extra > 0:
+                needs = {"host": extra}
                 self.ledger.reserve(
-                    f"{owner(engine_id)} (preparing)", "engine", needs, f"serve_stop engine_id='{engine_id}'"
+                    building(engine_id), "engine", needs, f"serve_stop engine_id='{engine_id}'"
                 )
             self.store.write(rec)
         except BaseException:
-            self.ledger.release(f"{owner(engine_id)} (preparing)")
+            self.ledger.release(building(engine_id))
             self.ledger.release(owner(engine_id))
             raise
-        cancel = self._cancels[engine_id] = threading.Event()
-        launcher = threading.Thread(target=self._launch, args=(engine_id, prepare, key, cancel), daemon=True)
+        prep = Preparing(threading.Event(), lambda pid: self._building(engine_id, pid))
+        self._cancels[engine_id] = prep
+        launcher = threading.Thread(target=self._launch, args=(engine_id, prepare, key, prep), daemon=True)
         self._launchers[engine_id] = launcher
         launcher.start()
         return rec
@@ -181,15 +205,27 @@ class EngineManager:
                 held.add(rec.port)
         return held
 
-    def _launch(
-        self, engine_id: str, prepare: Callable[[threading.Event], None] | None, key: str, cancel: threading.Event
-    ) -> None:
+    def _building(self, engine_id: str, pid: int) -> None:
+        self.store.set(engine_id, build_pid=pid, build_started=start_time(pid))
+
+    def _watch_stop(self, engine_id: str, prep: Preparing, done: threading.Event) -> None:
+        """While preparing: a stop written into the record by another gpubox server cancels the build here."""
+        while not done.wait(STOP_POLL_S):
+            rec = self.store.read(self.store.file(engine_id))
+            if rec is None or rec.state == "stopped":
+                prep.cancel.set()
+                return
+
+    def _launch(self, engine_id: str, prepare: Callable[[Preparing], None] | None, key: str, prep: Preparing) -> None:
         try:
             if prepare is not None:
+                done = threading.Event()
+                threading.Thread(target=self._watch_stop, args=(engine_id, prep, done), daemon=True).start()
                 try:
-                    prepare(cancel)
+                    prepare(prep)
                 finally:
-                    self.ledger.release(f"{owner(engine_id)} (preparing)")
+                    done.set()
+                    self.ledger.release(building(engine_id))
             # checked and spawned under the lock serve_stop marks 'stopped' under: a stop either comes first
             # (nothing is spawned) or finds the pid and kills it
             with self.store.locked():
@@ -275,8 +311,8 @@ class EngineManager:
             return rec.model_copy(update={"state": "stopped"})
         with self.store.locked():  # the launcher spawns under this lock only while the state is preparing/starting
             rec = self.store.set_locked(engine_id, state="stopped")
-        if (cancel := self._cancels.get(engine_id)) is not None:
-            cancel.set()  # a build of the HF copy in progress here ends now
+        if (prep := self._cancels.get(engine_id)) is not None:
+            prep.cancel.set()  # a build of the HF copy in progress here ends now
         if rec.pid is not None and pid_alive(rec.pid, rec.pid_started):
             _signal_group(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
@@ -318,10 +354,12 @@ class EngineManager:
         """Engines are detached on purpose: they keep serving when gpubox stops; a restart finds them. A build
         of an HF copy still running here is ended (its thread dies with this process; a restart fails its
         record)."""
-        for cancel in list(self._cancels.values()):
-            cancel.set()
+        for prep in list(self._cancels.values()):
+            prep.why = "gpubox closed while it was being built; serve_start again"
+            prep.cancel.set()
+        deadline = time.monotonic() + CLOSE_WAIT_S  # one wait for all: the builds' groups end before this process
         for launcher in list(self._launchers.values()):
-            launcher.join(timeout=CLOSE_WAIT_S)  # the build's process group is killed before this process ends
+            launcher.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -47,6 +47,8 @@ class EngineRecord(BaseModel):
     plan: ServePlan | None = None
     log_path: str | None = None
     launcher_pid: int | None = Field(default=None, description="The gpubox server preparing and launching it")
+    build_pid: int | None = Field(default=None, description="The process group building its HF copy, if any")
+    build_started: float | None = None
 
 
 class EngineMetrics(BaseModel):

