@@ -43,6 +43,8 @@ async def test_a_launch_that_does_not_fit_is_refused_or_queued_until_memory_free
 
             job = await call_ok(c, "finetune_launch", plan_id=plan["plan_id"], queue=True)
             assert job["state"] == "queued" and job["queue_position"] == 1, job
+            overtaking = await call_err(c, "finetune_launch", plan_id=plan["plan_id"])  # must not jump the line
+            assert f"job {job['job_id']}" in overtaking and "is queued" in overtaking, overtaking
             box = await call_ok(c, "box_plan")
             assert box["box"]["queued"] == [f"fine-tune job {job['job_id']}"]
 

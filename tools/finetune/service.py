@@ -163,13 +163,14 @@ class Finetuner:
             return self._launch(plan, plan_id, inject_oom, queue)
 
     def _launch(self, plan: FinetunePlan, plan_id: str, inject_oom: int, queue: bool) -> JobStatus:
-        running = self.store.active()
+        # a queued job counts too: a direct launch must not overtake it (nor start beside it once it is admitted)
+        running = self.store.active() or [r for r in self.store.all() if r["state"] == "queued"]
         if running and not queue:
             r = running[0]
             raise BusyError(
                 f"job {r['id']} ({r['adapter_name']}) is {r['state']}; one training job runs at a time. Wait for it "
                 f"(finetune_status job_id='{r['id']}' wait_seconds=60), stop it with finetune_cancel, or launch "
-                "with queue=true to start when it ends"
+                "with queue=true to start after it"
             )
         job_id = uuid.uuid4().hex[:10]
         needs = admission.needs_of(plan)
@@ -196,6 +197,10 @@ class Finetuner:
 
     def _start_queued(self, job_id: str) -> None:
         with self._slot:
+            if any(r["id"] != job_id for r in self.store.active()):  # another job started after this one's check
+                self.ledger.release(admission.owner(job_id))
+                self._enqueue(job_id)  # in line again, for the one training slot
+                return
             if not self.store.transition(job_id, "queued", "starting"):  # cancelled meanwhile
                 self.ledger.release(admission.owner(job_id))
                 return

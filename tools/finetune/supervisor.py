@@ -28,6 +28,9 @@ from gpubox.tools.finetune.schemas import ACTIVE, JobStatus
 
 log = logging.getLogger("gpubox.finetune")
 CANCEL_MARK = "cancel-requested"
+# A CUDA context and cuBLAS workspace take 0.3-0.5 GB (PyTorch's "CUDA semantics" notes); the caching allocator
+# keeps blocks beyond what is allocated (its reserved memory, typically 10-30% more under training's churn)
+CUDA_CONTEXT_GB, CUDA_CACHE_FACTOR = 0.5, 1.25
 
 
 class Supervisor:
@@ -110,7 +113,13 @@ class Supervisor:
             return False
         h = self.ledger.holding(admission.owner(job_id))
         if h is not None:
-            measured = {d: float(probe["peak_memory_gb"]) for d in h.devices}
+            peak = float(probe["peak_memory_gb"])
+            # on a GPU the probe reads torch.cuda.max_memory_allocated: not the CUDA context, nor what the caching
+            # allocator holds beyond its allocations; both are the job's too, so a reservation cut to the bare
+            # figure would let other work into memory the job holds
+            measured = {
+                d: peak * CUDA_CACHE_FACTOR + CUDA_CONTEXT_GB if d.startswith("cuda") else peak for d in h.devices
+            }
             if list(measured) == ["host"]:  # CPU ranks share the host: the probe measured one rank
                 measured["host"] *= self.status(job_id).num_processes
             self.ledger.update(h.owner, needs=measured, source="probe measurement")
