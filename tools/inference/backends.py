@@ -266,7 +266,9 @@ class TransformersBackend:
                     else BitsAndBytesConfig(load_in_8bit=True)
                 )
         if self.device == "cuda":
-            kwargs["device_map"] = "auto"
+            # all on the GPU the box ledger reserved (cuda:0): "auto" would spread it over every visible GPU and
+            # spill to host RAM, memory nobody reserved; one that does not fit is an out-of-memory error instead
+            kwargs["device_map"] = {"": 0}
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
         if adapter is not None:
             require("peft", "train", "LoRA adapters")

@@ -58,7 +58,7 @@ def plan(
             estimated_memory_gb=round(size * 1.2, 3),
             fits=free is None or size * 1.2 <= free,
             reason="transformers loads all weights on "
-            + ("the GPU (device_map=auto spills to CPU)" if free else "the CPU"),
+            + ("the GPU the box ledger reserves it on (cuda:0)" if free else "the CPU"),
         )
     rm = meta.gguf(d.path)
     shape = rm.shape
