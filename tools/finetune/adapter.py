@@ -204,4 +204,5 @@ def register(mcp: MCPServer[Any]) -> None:
         try:
             return await merger.run(spec, time_limit_s, ctx.report_progress)
         finally:
-            ledger.release(owner)
+            with anyio.CancelScope(shield=True):  # a file lock and a write: off the event loop, even when cancelled
+                await anyio.to_thread.run_sync(ledger.release, owner)
