@@ -319,3 +319,26 @@ def test_a_start_waits_for_another_servers_hold_on_the_records(manager: EngineMa
     holder.communicate("\n")
     assert done.wait(30)
     starter.join(30)
+
+
+def test_records_of_engines_that_ended_over_a_week_ago_are_removed_at_start(tmp_path: Path) -> None:
+    settings = Settings.load(state_dir=tmp_path / "state")
+    first = EngineManager(settings, Ledger(settings))
+    for name, age_days in (("old", 8), ("recent", 1)):
+        log = first.root / f"{name}.log"
+        log.write_text("vLLM said things\n")
+        first.store.write(
+            EngineRecord(
+                id=name,
+                engine="vllm",
+                model=name,
+                source="x",
+                base_url="http://127.0.0.1:9/v1",
+                started=time.time() - age_days * 86400,
+                state="stopped",
+                log_path=str(log),
+            )
+        )
+    again = EngineManager(settings, Ledger(settings))
+    assert [r.id for r in again.records()] == ["recent"]
+    assert not (again.root / "old.log").exists() and (again.root / "recent.log").exists()

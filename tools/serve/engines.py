@@ -34,6 +34,7 @@ log = logging.getLogger("gpubox.serve")
 LIVE: tuple[EngineState, ...] = ("preparing", "starting", "ready")
 CLOSE_WAIT_S = 15.0  # a close waits this long in all for builds it cancelled to end
 STOP_POLL_S = 2.0  # how often a build checks its record: a stop from another gpubox server is seen there
+RECORD_KEEP_S = 7 * 86400.0  # an ended engine's record and log (serve_status reads them) are kept a week
 
 
 @dataclass
@@ -76,6 +77,8 @@ class EngineManager:
                     _signal_group(rec.build_pid, signal.SIGKILL)  # and left its HF-copy build running
                 why = "gpubox restarted before the engine was launched; start it again"
                 self.store.move(rec.id, ("preparing", "starting"), state="failed", error=why)
+            elif rec.state in ("stopped", "failed") and time.time() - rec.started > RECORD_KEEP_S:
+                self.store.remove(rec)  # every infer_* call reads the records: ended ones do not pile up
 
     def record(self, engine_id: str) -> EngineRecord:
         if not engine_id.isalnum():
@@ -176,9 +179,7 @@ class EngineManager:
             extra = prepare_gb - estimate.get("host", 0.0)
             if prepare is not None and extra > 0:
                 needs = {"host": extra}
-                self.ledger.reserve(
-                    building(engine_id), "engine", needs, f"serve_stop engine_id='{engine_id}'"
-                )
+                self.ledger.reserve(building(engine_id), "engine", needs, f"serve_stop engine_id='{engine_id}'")
             self.store.write(rec)
         except BaseException:
             self.ledger.release(building(engine_id))

@@ -101,6 +101,12 @@ class RecordStore:
             fh.write(rec.model_dump_json(indent=1))
         os.replace(tmp, self.file(rec.id))
 
+    def remove(self, rec: EngineRecord) -> None:
+        with self.locked():
+            self.file(rec.id).unlink(missing_ok=True)
+            if rec.log_path:
+                Path(rec.log_path).unlink(missing_ok=True)
+
     def set(self, engine_id: str, **changes: object) -> EngineRecord:
         with self.locked():
             return self.set_locked(engine_id, **changes)
