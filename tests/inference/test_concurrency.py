@@ -155,3 +155,35 @@ async def test_an_exception_in_transformers_generate_reaches_the_caller_and_the_
         assert mgr.resident["smollm2-copy"].busy == 0
         unloaded = await call_ok(client, "infer_unload", name="smollm2-copy")
         assert unloaded["unloaded"] and "smollm2-copy" not in mgr.resident
+
+
+async def test_requests_waiting_for_a_busy_model_hold_no_worker_thread_and_a_cancelled_one_never_runs(
+    env: Any,
+) -> None:
+    mgr = manager(state_of(env))
+    pool = anyio.to_thread.current_default_thread_limiter()
+    async with Client(env) as a, Client(env) as b:
+        await call_ok(a, "infer_load", name=DEFAULT_MODEL, context_length=512)
+        r = mgr.resident[DEFAULT_MODEL]
+        prompts: list[str | None] = []
+        real = r.backend.generate
+
+        def spy(messages: Any, prompt: str | None, *args: Any) -> Any:
+            prompts.append(prompt)
+            return real(messages, prompt, *args)
+
+        r.backend.generate = spy  # type: ignore[method-assign]
+        long = {"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0}
+        async with anyio.create_task_group() as running:
+            running.start_soon(lambda: call_ok(a, "infer_complete", **long))
+            await wait_until(lambda: prompts, timeout=60)  # the model is generating the first request
+            async with anyio.create_task_group() as waiting:
+                for i in range(60):  # more than the pool's 40 threads, all waiting for the one model
+                    waiting.start_soon(lambda i=i: call_ok(b, "infer_complete", prompt=f"waiter {i}", max_tokens=2))
+                await wait_until(lambda: r.busy == 61, timeout=60)
+                assert pool.borrowed_tokens < 10  # they wait on the event loop, not each in a blocked thread
+                status = await call_ok(b, "gpu_status")  # another tool still gets a thread at once
+                assert status is not None
+                waiting.cancel_scope.cancel()  # their clients give up
+        await wait_until(lambda: r.busy == 0, timeout=60)
+    assert prompts == ["Count: 1, 2, 3,"]  # no cancelled waiter's prompt was evaluated

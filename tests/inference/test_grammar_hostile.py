@@ -218,3 +218,25 @@ def test_the_real_server_survives_every_schema_that_crashed_it_and_answers_with_
             assert isinstance(parsed, str) and re.search(name, parsed, re.ASCII), (name, parsed)
             matched += 1
     assert matched >= len(CRASHED) // 2, out
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "integer", "minimum": 10**400}, "minimum"),
+        ({"type": "number", "maximum": -(10**30)}, "maximum"),
+        ({"type": "number", "multipleOf": 0}, "multipleOf"),
+        ({"type": "number", "multipleOf": -2}, "multipleOf"),
+        ({"type": "number", "multipleOf": "2"}, "multipleOf"),
+    ],
+)
+def test_numeric_keywords_no_float_can_hold_or_divide_by_are_refused_by_name(schema: dict, where: str) -> None:
+    with pytest.raises(InvalidInputError, match=where):
+        check_schema(schema)
+
+
+def test_output_that_cannot_be_checked_numerically_is_rejected_with_its_text() -> None:
+    # check_schema refuses such a schema first; the check after generation holds on its own too
+    with pytest.raises(OutputRejectedError, match="could not be checked: ZeroDivisionError") as err:
+        check_output({"type": "number", "multipleOf": 0}, 12.5, "12.5")
+    assert "12.5" in str(err.value)

@@ -303,3 +303,20 @@ def test_two_requests_for_a_model_whose_process_ended_reload_it_once_as_it_was_l
         for held in got:  # close waits for requests that hold a model
             mgr.release(held)
         mgr.close()
+
+
+def test_a_model_unloaded_after_its_process_died_idle_is_not_brought_back_pinned(tmp_path: Path) -> None:
+    skip_without("llama")
+    settings = Settings.load(state_dir=tmp_path, allowed_roots=[tmp_path], infer_llama_process="never")
+    mgr = ModelManager(settings)
+    try:
+        mgr.load(MODEL, context_length=768, pin=True)
+        with mgr._lock:  # its process "ended" while idle
+            mgr.resident[MODEL].backend = DeadBackend()  # type: ignore[assignment]
+        assert mgr.reap() == [MODEL]  # its memory freed; it would come back as it was loaded ...
+        assert not mgr.unload(MODEL).unloaded  # ... but the user unloads it
+        r = mgr.acquire(MODEL)
+        mgr.release(r)
+        assert not r.pinned and r.plan.context_length == settings.infer_context_length  # a plain load, not the pin
+    finally:
+        mgr.close()

@@ -33,8 +33,10 @@ Temperature = Annotated[float, Field(ge=0, le=5, description="0 = greedy")]
 TopP = Annotated[float, Field(gt=0, le=1)]
 TopK = Annotated[int, Field(ge=0, le=1000, description="0 = off")]
 Repeat = Annotated[float, Field(ge=0.5, le=3)]
-Stop = Annotated[list[str] | None, Field(max_length=16)]
-Seed = Annotated[int | None, Field(ge=0)]
+# a stop string is at least one character (an empty one ends every output at once) and short: transformers builds
+# its stop matcher in time that grows faster than linearly with the length, holding the model
+Stop = Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]] | None, Field(max_length=16)]
+Seed = Annotated[int | None, Field(ge=0, le=2**32 - 1, description="llama.cpp takes 32 bits")]
 Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the output must follow")]
 
 

@@ -27,6 +27,7 @@ MAX_DEPTH = 32
 MAX_NODES = 5000
 MAX_SCHEMA_CHARS = 64_000
 MAX_REPEAT = 1000  # minItems/maxItems/minLength/maxLength: the converter unrolls repetitions into the grammar
+MAX_INT_BOUND = 2**63  # a larger integer bound cannot be compared as a float (OverflowError)
 MAX_GRAMMAR_CHARS = 1_000_000
 # grammar elements after repetitions are unrolled, summed over the schema (min/maxLength, min/maxItems, patterns)
 MAX_EXPANDED = 100_000
@@ -130,9 +131,13 @@ def _check_keywords(node: dict[str, Any], root: dict[str, Any], where: str) -> N
                 raise _bad(at(k), f"is above {MAX_REPEAT} (the grammar unrolls repetitions)")
         if lo in node and hi in node and node[lo] > node[hi]:
             raise _bad(at(lo), f"is above {hi} ({node[lo]} > {node[hi]})")
-    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         if k in node and (not isinstance(node[k], int | float) or isinstance(node[k], bool)):
             raise _bad(at(k), "must be a number")
+        if k in node and isinstance(node[k], int) and abs(node[k]) > MAX_INT_BOUND:  # math on it overflows floats
+            raise _bad(at(k), f"is beyond +-{MAX_INT_BOUND}")
+    if "multipleOf" in node and not node["multipleOf"] > 0:  # a zero divides by zero when the output is checked
+        raise _bad(at("multipleOf"), "must be above 0")
     if "minimum" in node and "maximum" in node and node["minimum"] > node["maximum"]:
         raise _bad(at("minimum"), f"is above maximum ({node['minimum']} > {node['maximum']})")
     if "pattern" in node and not isinstance(node["pattern"], str):

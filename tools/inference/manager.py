@@ -11,6 +11,7 @@ Concurrency rules (one client's work must never stall another's):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -158,10 +159,16 @@ class ModelManager:
             except BaseException:
                 self.ledger.release(owner_of(key))
                 raise
-            if used is not None:  # judged against the estimate, not a figure remembered from an earlier load
-                self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(estimate), used)
-            keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
-            r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin, spec=spec)
+            try:
+                if used is not None:  # judged against the estimate, not a figure remembered from an earlier load
+                    self.measured.settle(self.ledger, owner_of(key), mkey, ledger_needs(estimate), used)
+                keep = self.settings.infer_keep_alive_seconds if keep_alive_s is None else keep_alive_s
+                r = Resident(key, adapter_d or d, be, p, keep, adapter_d.name if adapter_d else None, pin, spec=spec)
+            except BaseException:  # a model nobody can reach must not stay loaded (or its process run)
+                with contextlib.suppress(Exception):
+                    be.close()
+                self.ledger.release(owner_of(key))
+                raise
             with self._lock:
                 self.resident[key] = r
                 self._respawn.pop(key, None)
@@ -273,6 +280,7 @@ class ModelManager:
     def unload(self, name: str, *, missing_ok: bool = False) -> UnloadResult:
         key = name.lower()
         with self._changed:
+            self._respawn.pop(key, None)  # unloaded on purpose: a process that died earlier is not brought back
             r = self.resident.pop(key, None)
             if r is not None:
                 self._detach(r)

@@ -29,8 +29,8 @@ def check_output(schema: dict[str, Any], value: Any, text: str) -> None:
     validator = _validator_for(schema)(schema)
     try:
         error = best_match(validator.iter_errors(value))
-    except TimeoutError as exc:
-        raise _rejected(f"it could not be checked: {exc}", text) from None
+    except (TimeoutError, ArithmeticError, ValueError) as exc:  # a regex timeout, a huge number against a bound
+        raise _rejected(f"it could not be checked: {type(exc).__name__}: {exc}", text) from None
     if error is None:
         return
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"

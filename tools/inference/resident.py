@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
+
 from gpubox.tools.inference.planning import Backend
 from gpubox.tools.inference.registry import Discovered
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan
@@ -31,6 +33,9 @@ class Resident:
     last_used: float = field(default_factory=time.time)
     busy: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # requests wait for the model here, on the event loop, before they take a worker thread: blocked in r.lock
+    # each held one of the pool's threads, and 40 waiting requests stalled every other client's tools
+    turn: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
     # the arguments of the load that made it (ModelManager._load's): a model whose process ended is loaded again
     # as the caller asked, not with the defaults
     spec: dict[str, Any] = field(default_factory=dict)

@@ -61,13 +61,16 @@ async def generate(
             owner.append("worker")
         try:
             with r.lock:  # one request at a time per model; other models and tools keep running
+                if cancel.is_set():  # the caller left while it waited: its prompt is not evaluated for nothing
+                    return GenOutput("", "cancelled", 0, 0, None, None, None, 0.0)
                 return r.backend.generate(messages, prompt, params, pieces.put, cancel)
         finally:
             mgr.release(r)
 
     async def runner() -> None:
         try:
-            box["out"] = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            # waits its turn for the model on the event loop (r.turn), then takes a worker thread
+            box["out"] = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=r.turn)
         except Exception as exc:  # re-raised below, outside the task group
             box["err"] = exc
         finally:
