@@ -7,6 +7,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -77,12 +78,17 @@ def _adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> st
     )
 
 
+DROPPED = "~dropped-"  # a dropped index's folder while it is deleted ('~' is in no index name)
+
+
 class SearchService:
     def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
         self.settings = settings
         self.ledger = ledger if ledger is not None else Ledger(settings)
         self.base = settings.state_dir / "search"
         self.base.mkdir(parents=True, exist_ok=True)
+        for left in self.base.glob(f"*{DROPPED}*"):  # a drop the previous server did not finish deleting
+            shutil.rmtree(left, ignore_errors=True)
         self.embedder = Embedder(
             default_model_path(settings.search_embedding_model),
             settings.search_embed_batch,
@@ -105,7 +111,7 @@ class SearchService:
         return name
 
     def names(self) -> list[str]:
-        return sorted(d.name for d in self.base.iterdir() if (d / "index.sqlite").is_file())
+        return sorted(d.name for d in self.base.iterdir() if DROPPED not in d.name and (d / "index.sqlite").is_file())
 
     def store(self, name: str, create: bool = False) -> IndexStore:
         with self._lock:
@@ -391,17 +397,18 @@ class SearchService:
         return IndexList(indexes=[self.info(n) for n in names])
 
     def drop(self, name: str) -> DropResult:
-        if name not in self.names():
-            raise UnknownNameError("index", name, self.names())
-        with self._lock:
+        with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
+            if name not in self.names():
+                raise UnknownNameError("index", name, self.names())
             ensure_not_running(self._jobs.get(name), name)
-            store = self._stores.pop(name, None)
+            store = self._stores.pop(name, None) or IndexStore(self.base / name)
             self._faiss.pop(name, None)
             self._jobs.pop(name, None)
-        store = store or IndexStore(self.base / name)
-        size = store.size_bytes()
-        store.close()
-        shutil.rmtree(self.base / name)
+            size = store.size_bytes()
+            store.retire()  # searches still running end on their own connections
+            trash = self.base / f"{name}{DROPPED}{uuid.uuid4().hex[:8]}"
+            (self.base / name).rename(trash)  # atomic: the name is free for a new index at once
+        shutil.rmtree(trash, ignore_errors=True)
         return DropResult(name=name, dropped=True, freed_bytes=size)
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpubox.errors import NotFoundError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files (
@@ -83,6 +85,7 @@ class IndexStore:
         # lexical pool, indexing jobs) outlive a request and would otherwise leak their connection
         self._open: set[sqlite3.Connection] = set()
         self._open_lock = threading.Lock()
+        self._retired = False  # dropped: no new connection (see retire)
         with self.connect() as db:
             db.executescript(SCHEMA)
         self.sweep()
@@ -92,6 +95,8 @@ class IndexStore:
         """This thread's connection (WAL: readers never block the writer or each other)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None or db not in self._open:  # none yet, or closed by close() from another thread
+            if self._retired:
+                raise NotFoundError(f"index '{self.dir.name}' was dropped; search_list shows the indexes")
             # check_same_thread=False only so close() may close it from another thread; it is used by one thread
             db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -128,6 +133,18 @@ class IndexStore:
         for db in dbs:
             db.close()
         self._local.db = None
+
+    def retire(self) -> None:
+        """Stop serving (the index is being dropped): no thread opens a connection from now on. Other threads'
+        connections are not closed under them (closing one in the middle of a query crashed the server in
+        CPython's sqlite3 module); each is closed when this store is freed, after its last search."""
+        with self._open_lock:
+            self._retired = True
+            self._open = set()
+        own: sqlite3.Connection | None = getattr(self._local, "db", None)
+        self._local.db = None
+        if own is not None:
+            own.close()
 
     def open_connections(self) -> int:
         return len(self._open)

@@ -174,7 +174,10 @@ _CPP_MARKERS = re.compile(
     r"|class[ \t]+\w+[^;()\n]*(?:\n[^;()\n]*)?[{:][ \t]*$)|\bstd::\w",
     re.MULTILINE,
 )
-_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+# Limits on what a tree may make the walk do: the walk holds the GIL in re and pathspec's matchers
+MAX_DEPTH = 64  # folders below the root (os.walk recurses; ~1,000 levels raised RecursionError)
+MAX_IGNORE_STARS, MAX_IGNORE_LINE = 8, 256  # `*a*a*...*b` backtracks exponentially in pathspec's regex
+MINIFIED_LINE = 4000  # a line this long in a file's first 8 KB: minified (every symbol's chunk held the whole line)
 _IF = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b(.*)$", re.MULTILINE)
 
 
@@ -204,10 +207,42 @@ def ambiguous(path: str, language: str) -> bool:
 def refine_language(path: str, language: str, text: str) -> str:
     """The language of a file from its content where its extension is ambiguous: a `.h` holding C++ is C++."""
     if ambiguous(path, language):
-        code = _without_cplusplus_blocks(_COMMENTS.sub(" ", text))
+        code = _without_cplusplus_blocks(without_comments(text))
         if _CPP_MARKERS.search(code):
             return "cpp"
     return language
+
+
+def without_comments(text: str) -> str:
+    """`/* ... */` and `// ...` blanked as the regex `/\\*.*?\\*/|//[^\\n]*` would, in one pass: that lazy regex
+    was quadratic on many unclosed `/*` (a 120 KB header took 18 s with the GIL held). Once a `*/` search fails,
+    no later `/*` can close either, so none is searched for again."""
+    out: list[str] = []
+    i, block, line, unclosed = 0, text.find("/*"), text.find("//"), False
+    while True:
+        if block != -1 and block < i:
+            block = -1 if unclosed else text.find("/*", i)
+        if line != -1 and line < i:
+            line = text.find("//", i)
+        start = min(p for p in (block, line) if p != -1) if block != -1 or line != -1 else -1
+        if start == -1:
+            out.append(text[i:])
+            return "".join(out)
+        if start == block:
+            end = -1 if unclosed else text.find("*/", start + 2)
+            if end == -1:  # not a comment: its `/` stays, and scanning goes on after it
+                unclosed = True
+                out.append(text[i : start + 1])
+                i = start + 1
+                continue
+            out.append(text[i:start] + " ")
+            i = end + 2
+        else:
+            out.append(text[i:start] + " ")
+            end = text.find("\n", start + 2)
+            if end == -1:
+                return "".join(out)
+            i = end
 
 
 def _gitignore_spec(root: Path, rel_dir: str) -> object | None:
@@ -218,7 +253,11 @@ def _gitignore_spec(root: Path, rel_dir: str) -> object | None:
         return None
     import pathspec
 
-    lines = data.decode("utf-8", errors="replace").splitlines()
+    lines = [
+        line
+        for line in data.decode("utf-8", errors="replace").splitlines()
+        if len(line) <= MAX_IGNORE_LINE and line.count("*") <= MAX_IGNORE_STARS  # no real ignore rule is longer
+    ]
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
@@ -231,7 +270,17 @@ def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
     first = head[:600].lower()
     if any(m in first for m in GENERATED_MARKERS):
         return "generated"
+    if max(map(len, head.split(b"\n"))) >= MINIFIED_LINE:
+        return "minified (a line over 4,000 characters)"
     return None
+
+
+def _utf8(rel: str) -> bool:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:  # os.walk's surrogate escapes for undecodable bytes
+        return False
+    return True
 
 
 def walk(root: Path, options: WalkOptions) -> WalkResult:
@@ -253,6 +302,9 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
     for dirpath_s, dirnames, filenames in os.walk(root, followlinks=False):
         dirpath = Path(dirpath_s)
         rel_dir = dirpath.relative_to(root).as_posix()
+        if rel_dir != "." and rel_dir.count("/") + 1 >= MAX_DEPTH:
+            excluded[f"deeper than {MAX_DEPTH} folders"] += len(dirnames)
+            dirnames[:] = []
         spec = _gitignore_spec(root, "" if rel_dir == "." else rel_dir)
         if spec is not None:
             specs.append((dirpath, spec))
@@ -283,6 +335,8 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
                 reason = "unreadable"
             elif stat.S_ISLNK(st.st_mode):
                 reason = "symlink"  # never followed; where it points is not reported
+            elif not _utf8(rel):
+                reason = "file name is not UTF-8"  # it could not be stored, and failed the whole index
             elif not stat.S_ISREG(st.st_mode):
                 reason = "not a regular file"
             elif ignored(full, False):

@@ -1,0 +1,88 @@
+"""Trees and timings that froze or crashed the search tools: a pathological .gitignore line, a header full of
+unclosed comments, a one-line minified bundle, a file name that is not UTF-8, a very deep tree, and an index
+dropped while other threads search it (closing their SQLite connections under them crashed the process)."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpubox.errors import GpuboxError
+from gpubox.settings import Settings
+from gpubox.tools.search.service import DROPPED, SearchService
+from gpubox.tools.search.walker import WalkOptions, walk, without_comments
+from tests.search.conftest import finished
+
+
+def walked(root: Path) -> tuple[list[str], dict[str, int]]:
+    result = walk(root, WalkOptions(include=[], exclude=[], max_file_bytes=1_000_000))
+    return [rel for rel, _ in result.files], dict(result.excluded)
+
+
+def test_a_gitignore_line_that_backtracks_exponentially_is_left_out(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b\nsecret.py\n")
+    (tmp_path / ("a" * 40 + ".py")).write_text("x = 1\n")  # matched against it, this never finished
+    (tmp_path / "secret.py").write_text("y = 2\n")
+    files, excluded = walked(tmp_path)
+    assert files == ["a" * 40 + ".py"] and excluded[".gitignore"] == 1  # the sane rule still applies
+
+
+def test_comments_are_blanked_in_linear_time_and_as_the_regex_did() -> None:
+    old = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+    for text in ("a /* b */ c // d\ne", "/*/ x */ y", "x /* open // not a line\n", "// last", "/* a */ /* b"):
+        assert without_comments(text) == old.sub(" ", text)
+    assert without_comments("/*x" * 200_000) == "/*x" * 200_000  # 600 KB: the regex took minutes
+
+
+def test_minified_files_names_that_are_not_utf8_and_very_deep_folders_are_skipped_with_reasons(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bundle.js").write_text("function a(){return 1};" * 1000)  # one 23 KB line, not named *.min.js
+    (tmp_path / "ok.py").write_text("def f():\n    return 1\n")
+    os.close(os.open(os.fsencode(tmp_path) + b"/caf\xe9.py", os.O_CREAT | os.O_WRONLY))
+    deep = tmp_path.joinpath(*["d"] * 70)
+    deep.mkdir(parents=True)
+    (deep / "deep.py").write_text("w = 4\n")
+    files, excluded = walked(tmp_path)
+    assert files[0] == "ok.py" and "bundle.js" not in files and all("caf" not in f for f in files)
+    assert excluded["minified (a line over 4,000 characters)"] == 1 and excluded["file name is not UTF-8"] == 1
+    assert excluded["deeper than 64 folders"] == 1 and "deep.py" not in " ".join(files)
+
+
+@pytest.mark.slow  # builds an index
+def test_dropping_an_index_while_others_search_it_ends_their_searches_cleanly(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "repo").mkdir(parents=True)
+    for i in range(20):
+        (root / "repo" / f"m{i}.py").write_text(f"def alpha_{i}():\n    return {i}\n")
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        name, _, progress = svc.start_index(str(root / "repo"), "r", [], [], None)
+        finished(progress)
+        stop, errors = threading.Event(), []
+
+        def search() -> None:
+            while not stop.is_set():
+                try:
+                    svc.search("alpha", "r", 5, 0, None, None, "lexical", 800)
+                except GpuboxError as exc:  # after the drop: "unknown index" or "was dropped", never a crash
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=search) for _ in range(3)]
+        for t in threads:
+            t.start()
+        assert svc.drop(name).dropped
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert not list((tmp_path / "state" / "search").glob(f"*{DROPPED}*")) and svc.names() == []
+        finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])  # the name is free again
+        assert svc.search("alpha", "r", 5, 0, None, None, "lexical", 800).hits
+    finally:
+        svc.close()
