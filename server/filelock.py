@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 
 @contextlib.contextmanager
@@ -19,3 +20,16 @@ def exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def try_exclusive(path: Path) -> IO[str] | None:
+    """An exclusive flock on `path` taken at once, held until the returned file is closed; None when another
+    process (or another open of the file here) holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a")  # noqa: SIM115  (held open past this call: the lock lives as long as the file)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh

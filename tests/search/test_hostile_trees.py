@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import BusyError, GpuboxError
 from gpubox.settings import Settings
 from gpubox.tools.search.service import DROPPED, SearchService
 from gpubox.tools.search.walker import WalkOptions, walk, without_comments
@@ -84,5 +86,35 @@ def test_dropping_an_index_while_others_search_it_ends_their_searches_cleanly(tm
         assert not list((tmp_path / "state" / "search").glob(f"*{DROPPED}*")) and svc.names() == []
         finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])  # the name is free again
         assert svc.search("alpha", "r", 5, 0, None, None, "lexical", 800).hits
+    finally:
+        svc.close()
+
+
+@pytest.mark.slow  # builds an index, starts a process
+def test_an_index_another_server_is_building_is_neither_built_again_nor_dropped_here(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "repo").mkdir(parents=True)
+    (root / "repo" / "m.py").write_text("def alpha():\n    return 1\n")
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])
+        lock = tmp_path / "state" / "search" / "r" / "run.lock"
+        other = subprocess.Popen(  # a second gpubox server's run holds the index's lock
+            [sys.executable, "-c", f"import sys; from gpubox.filelock import try_exclusive; from pathlib import Path\n"
+             f"held = try_exclusive(Path({str(lock)!r})); print('held' if held else 'no', flush=True)\n"
+             "sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert other.stdout is not None and other.stdout.readline().strip() == "held"
+            with pytest.raises(BusyError, match="being built by another gpubox server"):
+                svc.start_index(str(root / "repo"), "r", [], [], None)
+            with pytest.raises(BusyError, match="being built by another gpubox server"):
+                svc.drop("r")
+            assert svc.indexing() == [] and svc.names() == ["r"]  # the refusal left no job and no reservation
+            assert svc.ledger.state().holdings == []
+        finally:
+            other.communicate("")
+        finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])  # free again once that run ends
     finally:
         svc.close()

@@ -8,20 +8,19 @@ import shutil
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from gpubox.errors import InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.errors import BusyError, InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.filelock import try_exclusive
 from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
 from gpubox.tools.box.capacity import own_usage
 from gpubox.tools.box.footprints import Growth
 from gpubox.tools.box.ledger import Ledger
-from gpubox.tools.search import vectors
+from gpubox.tools.search import index_info, vectors
 from gpubox.tools.search.embedder import Embedder, default_model_path
 from gpubox.tools.search.indexer import (
-    MIXED,
     Cancelled,
     IndexReport,
     Progress,
@@ -35,9 +34,7 @@ from gpubox.tools.search.schemas import (
     DropResult,
     IndexInfo,
     IndexList,
-    IndexProgress,
     IndexResult,
-    IndexState,
     SearchHit,
     SearchResults,
 )
@@ -48,34 +45,10 @@ log = logging.getLogger("gpubox.search")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def progress_model(p: Progress) -> IndexProgress:
-    return IndexProgress(
-        phase=p.phase,
-        files_done=p.files_done,
-        files_total=p.files_total,
-        chunks_embedded=p.chunks_embedded,
-        chunks_to_embed=p.chunks_to_embed,
-        elapsed_s=round((p.finished or time.time()) - p.started, 2),
-    )
-
-
 # An indexing run holds the embedding model (MiniLM: 90 MB of weights) with its batch activations and the torch
 # runtime: about 0.5 GB of host RAM, and on a GPU the weights, activations and a CUDA context there too.
 INDEXING_HOST_GB = 0.5
 INDEXING_GPU_GB = 0.6
-
-
-def _adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> str:
-    was = meta.get("adapter")
-    had = f"the code adapter {was}" if was and was != MIXED else "no code adapter"
-    if was == MIXED:
-        had = "and without the code adapter (a re-embedding run was interrupted)"
-    now = f"the code adapter {adapter}" if adapter else "none (search_code_adapter is off)"
-    return (
-        f"index '{name}' holds vectors made with {had}; the server's model now has {now}, and the two do not mix. "
-        f"Run search_index on it again (it embeds every chunk afresh), or search "
-        "with mode='lexical' meanwhile"
-    )
 
 
 DROPPED = "~dropped-"  # a dropped index's folder while it is deleted ('~' is in no index name)
@@ -155,8 +128,10 @@ class SearchService:
             progress = Progress()
             self._jobs[name] = progress
         options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
+        run_lock = None
         try:
             store = self.store(name, create=True)
+            run_lock = self._run_lock(name)
         except BaseException:
             self.ledger.release(owner)
             with self._lock:
@@ -182,6 +157,7 @@ class SearchService:
                 progress.finished = time.time()  # after the release: a new run of this index may start now
                 try:
                     store.close_thread()  # this worker's connection; queries may still use theirs
+                    run_lock.close()
                 finally:
                     progress.done.set()
 
@@ -216,14 +192,18 @@ class SearchService:
     def result(self, name: str, root: Path, progress: Progress) -> IndexResult:
         if progress.error:
             return IndexResult(
-                name=name, root=str(root), state="failed", message=progress.error, progress=progress_model(progress)
+                name=name,
+                root=str(root),
+                state="failed",
+                message=progress.error,
+                progress=index_info.progress_model(progress),
             )
         if progress.finished is None:
             return IndexResult(
                 name=name,
                 root=str(root),
                 state="indexing",
-                progress=progress_model(progress),
+                progress=index_info.progress_model(progress),
                 message=f"still indexing ({progress.message()}); it continues in the background: poll search_list",
             )
         r = self._reports[name]
@@ -241,7 +221,7 @@ class SearchService:
             seconds=round(r.seconds, 3),
             excluded=dict(r.excluded),
             languages=dict(r.languages),
-            progress=progress_model(progress),
+            progress=index_info.progress_model(progress),
             message="up to date" if not (r.added_files or r.changed_files or r.removed_files) else "indexed",
         )
 
@@ -303,7 +283,7 @@ class SearchService:
                 "use mode='lexical', or search_drop and re-index"
             )
         if meta.get("adapter") != self.embedder.adapter and mode != "lexical":
-            raise InvalidInputError(_adapter_changed(name, meta, self.embedder.adapter))
+            raise InvalidInputError(index_info.adapter_changed(name, meta, self.embedder.adapter))
         index = self._faiss_index(name, store) if mode != "lexical" else None
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
@@ -343,52 +323,11 @@ class SearchService:
     # --- listing and dropping -------------------------------------------------------------------
     def info(self, name: str) -> IndexInfo:
         job = self._jobs.get(name)
-        running = job is not None and job.finished is None
         if name not in self.names():
             if job is None:
                 raise UnknownNameError("index", name, self.names())
-            return IndexInfo(
-                name=name,
-                root=None,
-                files=0,
-                chunks=0,
-                model=None,
-                dim=None,
-                size_bytes=0,
-                last_indexed=None,
-                state="indexing" if running else "failed",
-                progress=progress_model(job),
-                error=job.error,
-            )
-        store = self.store(name)
-        meta = store.meta()
-        files, chunks = store.counts()
-        state: IndexState = (
-            "indexing"
-            if running
-            else ("failed" if job and job.error else ("ready" if meta.get("generation") else "empty"))
-        )
-        progress = progress_model(job) if job else None
-        error = job.error if job else None
-        unfinished = unfinished_run(meta) if job is None else None
-        if unfinished is not None:
-            state, progress, error = unfinished
-        if state == "ready" and error is None and meta.get("adapter") != self.embedder.adapter:
-            error = _adapter_changed(name, meta, self.embedder.adapter)  # lexical answers, vectors are refused
-        updated = meta.get("updated")
-        return IndexInfo(
-            name=name,
-            root=meta.get("root"),
-            files=files,
-            chunks=chunks,
-            model=meta.get("model"),
-            dim=meta.get("dim"),
-            size_bytes=store.size_bytes(),
-            state=state,
-            last_indexed=datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds") if updated else None,
-            progress=progress,
-            error=error,
-        )
+            return index_info.unbuilt(name, job)
+        return index_info.describe(name, self.store(name), job, self.embedder.adapter)
 
     def list(self) -> IndexList:
         with self._lock:
@@ -396,11 +335,22 @@ class SearchService:
         names = sorted(set(self.names()) | jobs)
         return IndexList(indexes=[self.info(n) for n in names])
 
+    def _run_lock(self, name: str) -> IO[str]:
+        """The index's lock for a run (or a drop), across every gpubox server on the box: two servers indexing one
+        index at once stored every chunk twice, for good."""
+        held = try_exclusive(self.base / name / "run.lock")
+        if held is None:
+            raise BusyError(
+                f"index '{name}' is being built by another gpubox server on this box; search it when that run ends"
+            )
+        return held
+
     def drop(self, name: str) -> DropResult:
         with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
             if name not in self.names():
                 raise UnknownNameError("index", name, self.names())
             ensure_not_running(self._jobs.get(name), name)
+            self._run_lock(name).close()  # not while another server builds it (the lock goes with the folder)
             store = self._stores.pop(name, None) or IndexStore(self.base / name)
             self._faiss.pop(name, None)
             self._jobs.pop(name, None)

@@ -1,0 +1,87 @@
+"""What search_list and search_index report about an index: its state, progress and the error to act on.
+
+Kept apart from service.py, which runs and searches indexes: this only reads an index's store, its run's progress
+and the embedder's adapter, and says what they come to.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gpubox.tools.search.indexer import MIXED, Progress
+from gpubox.tools.search.runstate import unfinished_run
+from gpubox.tools.search.schemas import IndexInfo, IndexProgress, IndexState
+from gpubox.tools.search.store import IndexStore
+
+
+def progress_model(p: Progress) -> IndexProgress:
+    return IndexProgress(
+        phase=p.phase,
+        files_done=p.files_done,
+        files_total=p.files_total,
+        chunks_embedded=p.chunks_embedded,
+        chunks_to_embed=p.chunks_to_embed,
+        elapsed_s=round((p.finished or time.time()) - p.started, 2),
+    )
+
+
+def adapter_changed(name: str, meta: dict[str, Any], adapter: str | None) -> str:
+    was = meta.get("adapter")
+    had = f"the code adapter {was}" if was and was != MIXED else "no code adapter"
+    if was == MIXED:
+        had = "and without the code adapter (a re-embedding run was interrupted)"
+    now = f"the code adapter {adapter}" if adapter else "none (search_code_adapter is off)"
+    return (
+        f"index '{name}' holds vectors made with {had}; the server's model now has {now}, and the two do not mix. "
+        f"Run search_index on it again (it embeds every chunk afresh), or search "
+        "with mode='lexical' meanwhile"
+    )
+
+
+def unbuilt(name: str, job: Progress) -> IndexInfo:
+    """An index whose first run has not committed anything (running, or failed before it did)."""
+    return IndexInfo(
+        name=name,
+        root=None,
+        files=0,
+        chunks=0,
+        model=None,
+        dim=None,
+        size_bytes=0,
+        last_indexed=None,
+        state="indexing" if job.finished is None else "failed",
+        progress=progress_model(job),
+        error=job.error,
+    )
+
+
+def describe(name: str, store: IndexStore, job: Progress | None, adapter: str | None) -> IndexInfo:
+    running = job is not None and job.finished is None
+    meta = store.meta()
+    files, chunks = store.counts()
+    state: IndexState = (
+        "indexing" if running else ("failed" if job and job.error else ("ready" if meta.get("generation") else "empty"))
+    )
+    progress = progress_model(job) if job else None
+    error = job.error if job else None
+    unfinished = unfinished_run(meta) if job is None else None
+    if unfinished is not None:
+        state, progress, error = unfinished
+    if state == "ready" and error is None and meta.get("adapter") != adapter:
+        error = adapter_changed(name, meta, adapter)  # lexical answers, vectors are refused
+    updated = meta.get("updated")
+    return IndexInfo(
+        name=name,
+        root=meta.get("root"),
+        files=files,
+        chunks=chunks,
+        model=meta.get("model"),
+        dim=meta.get("dim"),
+        size_bytes=store.size_bytes(),
+        state=state,
+        last_indexed=datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds") if updated else None,
+        progress=progress,
+        error=error,
+    )
