@@ -118,3 +118,23 @@ def test_an_index_another_server_is_building_is_neither_built_again_nor_dropped_
         finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])  # free again once that run ends
     finally:
         svc.close()
+
+
+@pytest.mark.slow  # builds an index
+def test_paging_through_a_query_serves_each_hit_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "repo").mkdir(parents=True)
+    for i in range(70):  # more hits than the first pool of 50 candidates
+        (root / "repo" / f"m{i}.py").write_text(f"def handler_{i}(request):\n    return request.value + {i}\n")
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])
+        seen: list[tuple[str, int]] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = svc.search("request handler", "r", 10, offset, None, None, "hybrid", 200)
+            seen += [(h.path, h.start_line) for h in page.hits]
+            offset = page.next_offset
+        assert len(seen) == len(set(seen)) and len({p for p, _ in seen}) == 70  # none repeated, none skipped
+    finally:
+        svc.close()

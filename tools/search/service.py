@@ -8,6 +8,8 @@ import shutil
 import threading
 import time
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +53,7 @@ INDEXING_HOST_GB = 0.5
 INDEXING_GPU_GB = 0.6
 
 
+PAGED_QUERIES = 64  # recent queries whose ranked candidates are kept for their next pages
 DROPPED = "~dropped-"  # a dropped index's folder while it is deleted ('~' is in no index name)
 
 
@@ -75,6 +78,7 @@ class SearchService:
         self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
         self._jobs: dict[str, Progress] = {}
         self._reports: dict[str, IndexReport] = {}
+        self._pages: OrderedDict[tuple[Any, ...], tuple[int, list[Any]]] = OrderedDict()  # (pool, ranked)
         self._lock = threading.Lock()
 
     # --- names and stores -----------------------------------------------------------------------
@@ -287,7 +291,8 @@ class SearchService:
         index = self._faiss_index(name, store) if mode != "lexical" else None
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
-        ranked = hybrid(store, index, embed, query, mode, max(n, 50), path_glob, language)
+        key = (name, meta.get("generation"), query, mode, path_glob, language)
+        ranked = self._ranked(key, n, lambda pool: hybrid(store, index, embed, query, mode, pool, path_glob, language))
         page = ranked[offset:n]
         rows = store.chunks([r.id for r in page])
         hits = []
@@ -319,6 +324,27 @@ class SearchService:
             next_offset=n if len(ranked) > n else None,
             candidates=len(ranked),
         )
+
+    def _ranked(self, key: tuple[Any, ...], n: int, rank: Callable[[int], list[Any]]) -> list[Any]:
+        """The query's ranked candidates, the same list for every page of it: the ranking depends on how many
+        candidates each leg gives (the pool), so pages past the first pool were ranked afresh and repeated or
+        skipped hits. A deeper page ranks a larger pool but keeps what earlier pages were served, in their order."""
+        with self._lock:
+            known = self._pages.get(key)
+            if known is not None:
+                self._pages.move_to_end(key)
+        if known is not None and len(known[1]) >= n:
+            return known[1]
+        pool = max(n, 50, 2 * known[0]) if known is not None else max(n, 50)
+        fresh = rank(pool)
+        if known is not None:
+            served = {r.id for r in known[1]}
+            fresh = known[1] + [r for r in fresh if r.id not in served]
+        with self._lock:
+            self._pages[key] = (pool, fresh)
+            while len(self._pages) > PAGED_QUERIES:
+                self._pages.popitem(last=False)
+        return fresh
 
     # --- listing and dropping -------------------------------------------------------------------
     def info(self, name: str) -> IndexInfo:
