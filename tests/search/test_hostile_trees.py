@@ -138,3 +138,10 @@ def test_paging_through_a_query_serves_each_hit_once(tmp_path: Path) -> None:
         assert len(seen) == len(set(seen)) and len({p for p, _ in seen}) == 70  # none repeated, none skipped
     finally:
         svc.close()
+
+
+def test_a_snippet_of_a_line_longer_than_its_budget_shows_the_lines_start() -> None:
+    from gpubox.tools.search.query import snippet
+
+    text, cut = snippet("x = [" + "1, " * 500 + "]\nnext line\n", "next", 40)
+    assert cut and text.startswith("x = [1, ") and text.endswith("…") and len(text) == 40

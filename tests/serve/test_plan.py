@@ -130,3 +130,10 @@ def test_the_remembered_footprint_key_holds_every_flag_and_the_kv_space() -> Non
     assert footprint_key("/m", args, small) != footprint_key("/m", args, large)  # sized from the free memory
     assert footprint_key("/m", args, small) != footprint_key("/m", [*args, "--enforce-eager"], small)
     assert footprint_key("/m", args, small) == footprint_key("/m", list(args), dict(small))
+
+
+def test_gpus_are_taken_in_their_numeric_order() -> None:
+    from gpubox.tools.serve.service import _device_order
+
+    devices = ["cuda:10", "host", "cuda:2", "cuda:0"]
+    assert sorted(devices, key=_device_order) == ["cuda:0", "cuda:2", "cuda:10", "host"]

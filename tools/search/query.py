@@ -329,6 +329,8 @@ def snippet(text: str, query: str, budget: int) -> tuple[str, bool]:
     used = 0
     for line in lines[start:]:
         if used + len(line) + 1 > budget:
+            if not out:  # a line longer than the budget: its start, not nothing
+                out.append(line[: max(0, budget - 1)] + "…")
             break
         out.append(line)
         used += len(line) + 1

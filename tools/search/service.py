@@ -157,13 +157,15 @@ class SearchService:
                 log.exception("indexing %s failed", name)
                 progress.error = str(exc) or type(exc).__name__
             finally:
-                self._settle(owner, growth)
-                progress.finished = time.time()  # after the release: a new run of this index may start now
                 try:
-                    store.close_thread()  # this worker's connection; queries may still use theirs
-                    run_lock.close()
-                finally:
-                    progress.done.set()
+                    self._settle(owner, growth)
+                finally:  # even if the release failed: a run that never says it ended blocks its index for good
+                    progress.finished = time.time()  # after the release: a new run of this index may start now
+                    try:
+                        store.close_thread()  # this worker's connection; queries may still use theirs
+                        run_lock.close()
+                    finally:
+                        progress.done.set()
 
         threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
         return name, root, progress

@@ -33,7 +33,7 @@ async def confirm_serve(
 ) -> Any:
     """Ask the user (when the client can) with the memory the engine would hold with these flags, before it
     starts; a plan that fails is reported by the tool body with its reason."""
-    svc = services.serve(app_state(ctx))
+    svc = await anyio.to_thread.run_sync(services.serve, app_state(ctx))  # first use builds it: file locks
     o = Overrides(
         max_model_len, dtype, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
         kv_cache_space_gb, None, nodes,
@@ -71,7 +71,7 @@ def register(mcp: MCPServer[Any]) -> None:
         """Serve a model with vLLM so many clients share it; flags are planned for free memory (each
         overridable). Returns at once; poll serve_status."""
         require(ok, f"serving {model}")
-        svc = services.serve(app_state(ctx))
+        svc = await anyio.to_thread.run_sync(services.serve, app_state(ctx))
         o = Overrides(
             max_model_len, dtype, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
             kv_cache_space_gb, enforce_eager, nodes,
@@ -86,7 +86,7 @@ def register(mcp: MCPServer[Any]) -> None:
         include_log: Annotated[bool, Field(description="Add the log tail")] = False,
     ) -> EngineStatus:
         """An engine's state, health, URL and key, metrics and memory; the log tail if it failed."""
-        engines = services.serve(app_state(ctx)).engines
+        engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
         st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log)
         deadline = time.monotonic() + wait_seconds
         while st.state in ("preparing", "starting") and time.monotonic() < deadline:
@@ -98,7 +98,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Engines")
     async def serve_list(ctx: Context) -> EngineList:
         """Every engine gpubox runs or has attached, with its state and health."""
-        engines = services.serve(app_state(ctx)).engines
+        engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
 
         def all_status() -> EngineList:
             return EngineList(engines=[engines.status(r.id) for r in engines.records() if r.state != "stopped"])
@@ -108,7 +108,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Stop an engine")
     async def serve_stop(ctx: Context, engine_id: EngineId) -> EngineStatus:
         """Stop an engine and free its memory; an attached server is only detached."""
-        engines = services.serve(app_state(ctx)).engines
+        engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
         rec = await anyio.to_thread.run_sync(engines.stop, engine_id)
         return EngineStatus(
             id=rec.id, engine=rec.engine, model=rec.model, state="stopped", healthy=False, base_url=rec.base_url
@@ -124,6 +124,6 @@ def register(mcp: MCPServer[Any]) -> None:
         name: Annotated[str | None, Field(max_length=256, description="Served model; default: the first")] = None,
     ) -> EngineStatus:
         """Route infer_chat/infer_complete to a running OpenAI-compatible server; gpubox never stops it."""
-        engines = services.serve(app_state(ctx)).engines
+        engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
         rec = await anyio.to_thread.run_sync(lambda: engines.attach(base_url, api_key, name))
         return await anyio.to_thread.run_sync(engines.status, rec.id)

@@ -96,7 +96,7 @@ class ServeService:
         accounts = {d.device: d for d in self.ledger.state().devices}
         gpus = [
             Gpu(total_gb=a.total_gb or a.budget_gb, free_gb=a.free_gb)
-            for dev, a in sorted(accounts.items())
+            for dev, a in sorted(accounts.items(), key=lambda item: _device_order(item[0]))
             if dev.startswith("cuda")
         ]
         host_free = accounts["host"].free_gb
@@ -134,6 +134,12 @@ class ServeService:
 
     def close(self) -> None:
         self.engines.close()
+
+
+def _device_order(device: str) -> tuple[str, int]:
+    """cuda:2 before cuda:10 (a string sort put cuda:10 first and paired GPUs with the wrong free figures)."""
+    kind, _, index = device.partition(":")
+    return kind, int(index) if index.isdigit() else -1
 
 
 def build_hf_copy(args: list[str], prep: Preparing, limit_s: float = BUILD_LIMIT_S) -> None:
