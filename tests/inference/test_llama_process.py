@@ -320,3 +320,31 @@ def test_a_model_unloaded_after_its_process_died_idle_is_not_brought_back_pinned
         assert not r.pinned and r.plan.context_length == settings.infer_context_length  # a plain load, not the pin
     finally:
         mgr.close()
+
+
+def test_a_reload_that_fails_keeps_the_arguments_for_the_next_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_without("llama")
+    from gpubox.tools.inference import manager as manager_mod
+
+    settings = Settings.load(state_dir=tmp_path, allowed_roots=[tmp_path], infer_llama_process="never")
+    mgr = ModelManager(settings)
+    try:
+        mgr.load(MODEL, context_length=768, pin=True)
+        with mgr._lock:
+            mgr.resident[MODEL].backend = DeadBackend()  # type: ignore[assignment]
+        real = manager_mod.open_backend
+
+        def full_once(*args: Any, **kwargs: Any) -> Any:  # the reload meets a box that is briefly full
+            monkeypatch.setattr(manager_mod, "open_backend", real)
+            raise CapacityError("the box is full for a moment")
+
+        monkeypatch.setattr(manager_mod, "open_backend", full_once)
+        with pytest.raises(CapacityError):
+            mgr.acquire(MODEL)
+        r = mgr.acquire(MODEL)
+        mgr.release(r)
+        assert r.pinned and r.plan.context_length == 768  # the next try reloads it as it was loaded
+    finally:
+        mgr.close()

@@ -25,12 +25,15 @@ def walked(root: Path) -> tuple[list[str], dict[str, int]]:
     return [rel for rel, _ in result.files], dict(result.excluded)
 
 
-def test_a_gitignore_line_that_backtracks_exponentially_is_left_out(tmp_path: Path) -> None:
-    (tmp_path / ".gitignore").write_text("*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b\nsecret.py\n")
-    (tmp_path / ("a" * 40 + ".py")).write_text("x = 1\n")  # matched against it, this never finished
+def test_a_gitignore_line_that_backtracks_badly_is_left_out(tmp_path: Path) -> None:
+    rules = "*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b\n*a*a*a*a*b\nsecret.py\n**/build/**/*.py\n"
+    (tmp_path / ".gitignore").write_text(rules)
+    (tmp_path / ("a" * 200 + ".py")).write_text("x = 1\n")  # matched against those, this never finished
     (tmp_path / "secret.py").write_text("y = 2\n")
+    (tmp_path / "x" / "build" / "y").mkdir(parents=True)
+    (tmp_path / "x" / "build" / "y" / "z.py").write_text("w = 3\n")
     files, excluded = walked(tmp_path)
-    assert files == ["a" * 40 + ".py"] and excluded[".gitignore"] == 1  # the sane rule still applies
+    assert files == ["a" * 200 + ".py"] and excluded[".gitignore"] == 2  # the sane rules still apply
 
 
 def test_comments_are_blanked_in_linear_time_and_as_the_regex_did() -> None:
@@ -45,13 +48,15 @@ def test_minified_files_names_that_are_not_utf8_and_very_deep_folders_are_skippe
 ) -> None:
     (tmp_path / "bundle.js").write_text("function a(){return 1};" * 1000)  # one 23 KB line, not named *.min.js
     (tmp_path / "ok.py").write_text("def f():\n    return 1\n")
+    icon = "ICON = '<svg>" + "M0 0L1 1" * 700 + "</svg>'\n"  # one long line among ordinary code: indexed
+    (tmp_path / "icons.py").write_text("import os\n" * 20 + icon + "def g():\n    return ICON\n" * 40)
     os.close(os.open(os.fsencode(tmp_path) + b"/caf\xe9.py", os.O_CREAT | os.O_WRONLY))
     deep = tmp_path.joinpath(*["d"] * 70)
     deep.mkdir(parents=True)
     (deep / "deep.py").write_text("w = 4\n")
     files, excluded = walked(tmp_path)
-    assert files[0] == "ok.py" and "bundle.js" not in files and all("caf" not in f for f in files)
-    assert excluded["minified (a line over 4,000 characters)"] == 1 and excluded["file name is not UTF-8"] == 1
+    assert files[:2] == ["icons.py", "ok.py"] and "bundle.js" not in files and all("caf" not in f for f in files)
+    assert excluded["minified (lines over 4,000 characters)"] == 1 and excluded["file name is not UTF-8"] == 1
     assert excluded["deeper than 64 folders"] == 1 and "deep.py" not in " ".join(files)
 
 
@@ -144,4 +149,24 @@ def test_a_snippet_of_a_line_longer_than_its_budget_shows_the_lines_start() -> N
     from gpubox.tools.search.query import snippet
 
     text, cut = snippet("x = [" + "1, " * 500 + "]\nnext line\n", "next", 40)
-    assert cut and text.startswith("x = [1, ") and text.endswith("…") and len(text) == 40
+    assert cut and text.startswith("next line")  # a context line too long to show is left out, not the match
+    text, cut = snippet("a = 1\nnext = [" + "1, " * 500 + "]\n", "next", 40)
+    assert cut and text.startswith("a = 1\nnext = [1, ") and text.endswith("…")
+
+
+@pytest.mark.slow  # builds two indexes
+def test_an_index_dropped_and_built_again_under_its_name_never_serves_the_old_ones_hits(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for repo, body in (("one", "def alpha_old():\n    return 1\n"), ("two", "def alpha_new():\n    return 2\n")):
+        (root / repo).mkdir(parents=True)
+        (root / repo / f"{repo}.py").write_text(body)
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        for repo in ("one", "two"):  # both at generation 1, under one name
+            finished(svc.start_index(str(root / repo), "r", [], [], None)[2])
+            for mode in ("hybrid", "vector", "lexical"):
+                hits = svc.search("alpha", "r", 5, 0, None, None, mode, 800).hits
+                assert hits and {h.path for h in hits} == {f"{repo}.py"}, (repo, mode)
+            svc.drop("r")
+    finally:
+        svc.close()

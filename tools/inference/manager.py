@@ -144,7 +144,7 @@ class ModelManager:
             self._loading[key] = 0.0
             self._loads_started += 1
         try:
-            self.unload(key, missing_ok=True)
+            self.unload(key, missing_ok=True, forget=False)
             self._check_files(d, adapter_d)
             estimate = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
             mkey = config_key(d, estimate, adapter_d, quantization)
@@ -277,10 +277,13 @@ class ModelManager:
         self.ledger.reserve(owner, "inference", needs, frees, pinned=pin)
         return [r.name for r in victims]
 
-    def unload(self, name: str, *, missing_ok: bool = False) -> UnloadResult:
+    def unload(self, name: str, *, missing_ok: bool = False, forget: bool = True) -> UnloadResult:
+        """`forget`: an unload the user asked for, after which a model whose process died is not brought back
+        (a reload, which unloads first, keeps the arguments until it has succeeded)."""
         key = name.lower()
         with self._changed:
-            self._respawn.pop(key, None)  # unloaded on purpose: a process that died earlier is not brought back
+            if forget:
+                self._respawn.pop(key, None)
             r = self.resident.pop(key, None)
             if r is not None:
                 self._detach(r)

@@ -324,13 +324,16 @@ def snippet(text: str, query: str, budget: int) -> tuple[str, bool]:
     lines = text.split("\n")  # as the chunker cut it: a form feed inside a line is no line break
     words = [w.lower() for w in WORD.findall(query) if len(w) > 2]
     start = next((i for i, line in enumerate(lines) if any(w in line.lower() for w in words)), 0)
+    match = start
     start = max(0, start - 2)
     out: list[str] = []
     used = 0
-    for line in lines[start:]:
+    for i, line in enumerate(lines[start:], start):
         if used + len(line) + 1 > budget:
-            if not out:  # a line longer than the budget: its start, not nothing
-                out.append(line[: max(0, budget - 1)] + "…")
+            if not out and i < match:  # a context line too long to show: start at the match instead
+                continue
+            if i <= match and budget - used > 1:  # the match longer than what is left: its start, not nothing
+                out.append(line[: budget - used - 1] + "…")
             break
         out.append(line)
         used += len(line) + 1

@@ -8,8 +8,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,6 +27,7 @@ from gpubox.tools.search.indexer import (
     ensure_not_running,
     run_index,
 )
+from gpubox.tools.search.pages import RankedPages
 from gpubox.tools.search.preview import preview
 from gpubox.tools.search.query import hybrid, snippet
 from gpubox.tools.search.runstate import unfinished_run
@@ -53,7 +52,6 @@ INDEXING_HOST_GB = 0.5
 INDEXING_GPU_GB = 0.6
 
 
-PAGED_QUERIES = 64  # recent queries whose ranked candidates are kept for their next pages
 DROPPED = "~dropped-"  # a dropped index's folder while it is deleted ('~' is in no index name)
 
 
@@ -75,10 +73,10 @@ class SearchService:
             adapter=settings.search_code_adapter and settings.search_embedding_model is None,
         )
         self._stores: dict[str, IndexStore] = {}
-        self._faiss: dict[str, tuple[int, Any]] = {}  # name -> (generation, index)
+        self._faiss: dict[str, tuple[tuple[Any, int], Any]] = {}  # name -> ((index id, generation), index)
         self._jobs: dict[str, Progress] = {}
         self._reports: dict[str, IndexReport] = {}
-        self._pages: OrderedDict[tuple[Any, ...], tuple[int, list[Any]]] = OrderedDict()  # (pool, ranked)
+        self._pages = RankedPages()
         self._lock = threading.Lock()
 
     # --- names and stores -----------------------------------------------------------------------
@@ -160,14 +158,21 @@ class SearchService:
                 try:
                     self._settle(owner, growth)
                 finally:  # even if the release failed: a run that never says it ended blocks its index for good
+                    run_lock.close()  # before it says it ended: a new run here must find the lock free
                     progress.finished = time.time()  # after the release: a new run of this index may start now
                     try:
                         store.close_thread()  # this worker's connection; queries may still use theirs
-                        run_lock.close()
                     finally:
                         progress.done.set()
 
-        threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
+        try:
+            threading.Thread(target=work, name=f"gpubox-index-{name}", daemon=True).start()
+        except BaseException:  # no thread (a resource limit): nothing of the run may stay held
+            run_lock.close()
+            self.ledger.release(owner)
+            with self._lock:
+                self._jobs.pop(name, None)
+            raise
         return name, root, progress
 
     def _settle(self, owner: str, growth: Growth | None) -> None:
@@ -244,7 +249,7 @@ class SearchService:
     # --- querying -------------------------------------------------------------------------------
     def _faiss_index(self, name: str, store: IndexStore) -> Any:
         meta = store.meta()
-        gen = int(meta.get("generation", 0))
+        gen = (meta.get("index_id"), int(meta.get("generation", 0)))  # which index, at which generation
         cached = self._faiss.get(name)
         if cached and cached[0] == gen:
             return cached[1]
@@ -293,8 +298,10 @@ class SearchService:
         index = self._faiss_index(name, store) if mode != "lexical" else None
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
-        key = (name, meta.get("generation"), query, mode, path_glob, language)
-        ranked = self._ranked(key, n, lambda pool: hybrid(store, index, embed, query, mode, pool, path_glob, language))
+        key = (name, meta.get("index_id"), meta.get("generation"), query, mode, path_glob, language)
+        ranked = self._pages.ranked(
+            key, n, lambda pool: hybrid(store, index, embed, query, mode, pool, path_glob, language)
+        )
         page = ranked[offset:n]
         rows = store.chunks([r.id for r in page])
         hits = []
@@ -327,27 +334,6 @@ class SearchService:
             candidates=len(ranked),
         )
 
-    def _ranked(self, key: tuple[Any, ...], n: int, rank: Callable[[int], list[Any]]) -> list[Any]:
-        """The query's ranked candidates, the same list for every page of it: the ranking depends on how many
-        candidates each leg gives (the pool), so pages past the first pool were ranked afresh and repeated or
-        skipped hits. A deeper page ranks a larger pool but keeps what earlier pages were served, in their order."""
-        with self._lock:
-            known = self._pages.get(key)
-            if known is not None:
-                self._pages.move_to_end(key)
-        if known is not None and len(known[1]) >= n:
-            return known[1]
-        pool = max(n, 50, 2 * known[0]) if known is not None else max(n, 50)
-        fresh = rank(pool)
-        if known is not None:
-            served = {r.id for r in known[1]}
-            fresh = known[1] + [r for r in fresh if r.id not in served]
-        with self._lock:
-            self._pages[key] = (pool, fresh)
-            while len(self._pages) > PAGED_QUERIES:
-                self._pages.popitem(last=False)
-        return fresh
-
     # --- listing and dropping -------------------------------------------------------------------
     def info(self, name: str) -> IndexInfo:
         job = self._jobs.get(name)
@@ -378,14 +364,18 @@ class SearchService:
             if name not in self.names():
                 raise UnknownNameError("index", name, self.names())
             ensure_not_running(self._jobs.get(name), name)
-            self._run_lock(name).close()  # not while another server builds it (the lock goes with the folder)
-            store = self._stores.pop(name, None) or IndexStore(self.base / name)
-            self._faiss.pop(name, None)
-            self._jobs.pop(name, None)
-            size = store.size_bytes()
-            store.retire()  # searches still running end on their own connections
-            trash = self.base / f"{name}{DROPPED}{uuid.uuid4().hex[:8]}"
-            (self.base / name).rename(trash)  # atomic: the name is free for a new index at once
+            run_lock = self._run_lock(name)  # not while another server builds it; held until the folder moves
+            try:
+                store = self._stores.pop(name, None) or IndexStore(self.base / name)
+                self._faiss.pop(name, None)
+                self._jobs.pop(name, None)
+                self._pages.forget(name)
+                size = store.size_bytes()
+                store.retire()  # searches still running end on their own connections
+                trash = self.base / f"{name}{DROPPED}{uuid.uuid4().hex[:8]}"
+                (self.base / name).rename(trash)  # atomic: the name is free for a new index at once
+            finally:
+                run_lock.close()
         shutil.rmtree(trash, ignore_errors=True)
         return DropResult(name=name, dropped=True, freed_bytes=size)
 

@@ -12,6 +12,7 @@ import os
 import re
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import NotFoundError
+from gpubox.filelock import try_exclusive
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -88,7 +90,17 @@ class IndexStore:
         self._retired = False  # dropped: no new connection (see retire)
         with self.connect() as db:
             db.executescript(SCHEMA)
-        self.sweep()
+            # which index this is, beyond its name: caches keyed by it never serve a dropped index's data to a
+            # new one of the same name (both may be at generation 1)
+            db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('index_id', ?)", (json.dumps(uuid.uuid4().hex),)
+            )
+        held = try_exclusive(directory / "run.lock")  # no sweep under a run (another server's new FAISS file)
+        if held is not None:
+            try:
+                self.sweep()
+            finally:
+                held.close()
 
     # --- connections ----------------------------------------------------------------------------
     def connect(self) -> sqlite3.Connection:

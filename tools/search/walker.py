@@ -176,8 +176,11 @@ _CPP_MARKERS = re.compile(
 )
 # Limits on what a tree may make the walk do: the walk holds the GIL in re and pathspec's matchers
 MAX_DEPTH = 64  # folders below the root (os.walk recurses; ~1,000 levels raised RecursionError)
-MAX_IGNORE_STARS, MAX_IGNORE_LINE = 8, 256  # `*a*a*...*b` backtracks exponentially in pathspec's regex
-MINIFIED_LINE = 4000  # a line this long in a file's first 8 KB: minified (every symbol's chunk held the whole line)
+# `*a*a*...*b` backtracks in pathspec's regex about name-length ** stars (8 stars: minutes on a 120-character name)
+MAX_IGNORE_STARS, MAX_IGNORE_LINE = 3, 256  # single `*`s (each `**` is one path wildcard); no real rule has more
+# minified: a line over 4,000 bytes and fewer than 16 line breaks in a file's first 8 KB (each symbol's chunk held the
+# whole line); one long line among ordinary ones (an inline SVG, a string table) does not count
+MINIFIED_LINE, MINIFIED_BREAKS = 4000, 16
 _IF = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b(.*)$", re.MULTILINE)
 
 
@@ -256,7 +259,7 @@ def _gitignore_spec(root: Path, rel_dir: str) -> object | None:
     lines = [
         line
         for line in data.decode("utf-8", errors="replace").splitlines()
-        if len(line) <= MAX_IGNORE_LINE and line.count("*") <= MAX_IGNORE_STARS  # no real ignore rule is longer
+        if len(line) <= MAX_IGNORE_LINE and line.replace("**", "").count("*") <= MAX_IGNORE_STARS
     ]
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
@@ -270,8 +273,8 @@ def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
     first = head[:600].lower()
     if any(m in first for m in GENERATED_MARKERS):
         return "generated"
-    if max(map(len, head.split(b"\n"))) >= MINIFIED_LINE:
-        return "minified (a line over 4,000 characters)"
+    if head.count(b"\n") < MINIFIED_BREAKS and max(map(len, head.split(b"\n"))) >= MINIFIED_LINE:
+        return "minified (lines over 4,000 characters)"
     return None
 
 
