@@ -132,65 +132,53 @@ class EngineManager:
         `memory_key` names the configuration whose measured peak the ledger remembers (plan.footprint_key);
         `prepare_gb` is host memory `prepare` takes beyond the engine's own, held only while it runs."""
         with self.store.locked():  # checked and written at once: two starts of one name (or port) cannot both pass
-            return self._start_locked(name, hf_path, prepare, plan, args, python, port, aliases, memory_key, prepare_gb)
-
-    def _start_locked(
-        self,
-        name: str,
-        hf_path: Path,
-        prepare: Callable[[Preparing], None] | None,
-        plan: ServePlan,
-        args: list[str],
-        python: str,
-        port: int | None,
-        aliases: list[str] | None,
-        memory_key: str | None,
-        prepare_gb: float,
-    ) -> EngineRecord:
-        held = self._check_free(name)
-        if port is not None and (port in held or port_taken(port)):
-            raise InvalidInputError(f"port {port} on 127.0.0.1 is taken; pass another port or leave it out")
-        port = port or free_port(held)
-        engine_id = uuid.uuid4().hex[:8]
-        key = secrets.token_urlsafe(24)
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_path)]
-        cmd += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *args]
-        plan = plan.model_copy(update={"command": cmd})
-        estimate = plan.estimate_gb or plan.memory_gb  # the ledger raises it to a remembered figure again
-        self.ledger.reserve(owner(engine_id), "engine", estimate, f"serve_stop engine_id='{engine_id}'", key=memory_key)
-        rec = EngineRecord(
-            id=engine_id,
-            engine="vllm",
-            model=name,
-            aliases=aliases or [],
-            source=str(hf_path),
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key=key,
-            port=port,
-            started=time.time(),
-            state="preparing" if prepare else "starting",
-            plan=plan,
-            log_path=str(self.root / f"{engine_id}.log"),
-            launcher_pid=os.getpid(),
-        )
-        try:
-            # the HF copy's build, beyond the engine's own host reservation (the engine loads only after it):
-            # released once the build is done
-            extra = prepare_gb - estimate.get("host", 0.0)
-            if prepare is not None and extra > 0:
-                needs = {"host": extra}
-                self.ledger.reserve(building(engine_id), "engine", needs, f"serve_stop engine_id='{engine_id}'")
-            self.store.write(rec)
-        except BaseException:
-            self.ledger.release(building(engine_id))
-            self.ledger.release(owner(engine_id))
-            raise
+            held = self._check_free(name)
+            if port is not None and (port in held or port_taken(port)):
+                raise InvalidInputError(f"port {port} on 127.0.0.1 is taken; pass another port or leave it out")
+            port = port or free_port(held)
+            engine_id = uuid.uuid4().hex[:8]
+            key = secrets.token_urlsafe(24)
+            cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_path)]
+            cmd += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *args]
+            plan = plan.model_copy(update={"command": cmd})
+            estimate = plan.estimate_gb or plan.memory_gb  # the ledger raises it to a remembered figure again
+            frees = f"serve_stop engine_id='{engine_id}'"
+            self.ledger.reserve(owner(engine_id), "engine", estimate, frees, key=memory_key)
+            rec = EngineRecord(
+                id=engine_id,
+                engine="vllm",
+                model=name,
+                aliases=aliases or [],
+                source=str(hf_path),
+                base_url=f"http://127.0.0.1:{port}/v1",
+                api_key=key,
+                port=port,
+                started=time.time(),
+                state="preparing" if prepare else "starting",
+                plan=plan,
+                log_path=str(self.root / f"{engine_id}.log"),
+                launcher_pid=os.getpid(),
+            )
+            # the HF copy's build, beyond the engine's own host reservation (the engine loads only after it)
+            self._write_new(rec, prepare_gb - estimate.get("host", 0.0) if prepare is not None else 0.0)
         prep = Preparing(threading.Event(), lambda pid: self._building(engine_id, pid))
         self._cancels[engine_id] = prep
         launcher = threading.Thread(target=self._launch, args=(engine_id, prepare, key, prep), daemon=True)
         self._launchers[engine_id] = launcher
         launcher.start()
         return rec
+
+    def _write_new(self, rec: EngineRecord, build_gb: float) -> None:
+        """Reserve what the HF-copy build takes beyond the engine (released once it is built) and write the
+        record; on any failure nothing stays reserved (caller holds the store's lock)."""
+        try:
+            if build_gb > 0:
+                self.ledger.reserve(building(rec.id), "engine", {"host": build_gb}, f"serve_stop engine_id='{rec.id}'")
+            self.store.write(rec)
+        except BaseException:
+            self.ledger.release(building(rec.id))
+            self.ledger.release(owner(rec.id))
+            raise
 
     def _check_free(self, name: str) -> set[int]:
         """Refuse a name a live engine serves; the ports live engines hold (caller holds the lock)."""
