@@ -223,6 +223,16 @@ class Settings(BaseSettings):
     serve_start_timeout_s: float = Field(
         default=1800, ge=30, le=86_400, description="How long an engine may take to start before it is stopped."
     )
+    serve_probe_after_s: float = Field(
+        default=20.0,
+        ge=0.05,
+        le=600,
+        description="Seconds a request to an engine may go without a byte before the engine's health is probed: "
+        "it keeps waiting while the probe answers, and ends with an error when it does not.",
+    )
+    serve_probe_timeout_s: float = Field(
+        default=5.0, gt=0, le=120, description="How long an engine's health probe may take before it counts as failed."
+    )
 
     # --- inference -----------------------------------------------------------------------------
     infer_max_resident: int = Field(default=2, ge=1, le=64, description="Models kept loaded at once (LRU eviction).")

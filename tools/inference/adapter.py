@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -27,6 +27,9 @@ from gpubox.tools.inference.schemas import (
 )
 from gpubox.tools.serve.schemas import EngineRecord
 
+if TYPE_CHECKING:
+    from gpubox.tools.serve.liveness import Liveness
+
 ModelName = Annotated[str | None, Field(description="Default: the loaded one, else the bundled SmolLM2")]
 MaxTokens = Annotated[int, Field(ge=1, le=131_072)]
 Temperature = Annotated[float, Field(ge=0, le=5, description="0 = greedy")]
@@ -44,11 +47,18 @@ def manager(state: AppState) -> ModelManager:
     return models(state)
 
 
-async def served(state: AppState, model: str | None) -> EngineRecord | None:
-    """The engine serving `model`, when one does: its requests go there, never also in-process."""
+async def served(state: AppState, model: str | None) -> tuple[EngineRecord, Liveness] | None:
+    """The engine serving `model`, when one does, and how a request watches it: its requests go there, never
+    also in-process."""
     if model is None:
         return None
-    return await anyio.to_thread.run_sync(lambda: services.serve(state).engines.serving(model))
+
+    def find() -> tuple[EngineRecord, Liveness] | None:
+        engines = services.serve(state).engines
+        rec = engines.serving(model)
+        return None if rec is None else (rec, engines.liveness(rec))
+
+    return await anyio.to_thread.run_sync(find)
 
 
 # sampling settings tools/list folds into `more` (gpubox.arguments); temperature and max_tokens stay in view
@@ -124,11 +134,12 @@ def register(mcp: MCPServer[Any]) -> None:
         """Chat with a model using its chat template; text streams as progress. A served model's engine answers."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         msgs = [m.model_dump() for m in messages]
-        engine = await served(app_state(ctx), model)
-        if engine is not None:
+        route = await served(app_state(ctx), model)
+        if route is not None:
             from gpubox.tools.serve import remote  # httpx: loaded once an engine serves something
 
-            return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model)
+            engine, live = route
+            return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model, live=live)
         return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Complete", more=SAMPLING_MORE)
@@ -147,11 +158,12 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> GenerationResult:
         """Continue a raw prompt (no chat template); text streams as progress."""
         params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
-        engine = await served(app_state(ctx), model)
-        if engine is not None:
+        route = await served(app_state(ctx), model)
+        if route is not None:
             from gpubox.tools.serve import remote
 
-            return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model)
+            engine, live = route
+            return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model, live=live)
         return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")
@@ -165,14 +177,15 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> BenchmarkResult:
         """Measure a model's prefill/decode tok/s, time to first token, latency percentiles and peak memory."""
         state = app_state(ctx)
-        engine = await served(state, model)
-        if engine is not None:
+        route = await served(state, model)
+        if route is not None:
+            engine, live = route
             held = await anyio.to_thread.run_sync(services.ledger(state).holding, f"engine {engine.id}")
             memory = sum(held.devices.values()) if held else 0.0
             from gpubox.tools.serve import remote
 
             return await remote.benchmark(
-                engine, requests, concurrency, prompt_tokens, max_tokens, memory, ctx.report_progress
+                engine, requests, concurrency, prompt_tokens, max_tokens, memory, ctx.report_progress, live
             )
 
         def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> service.Recorded:

@@ -9,6 +9,7 @@ with the process. Start returns at once: building the HF copy of a GGUF model an
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -27,11 +28,14 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
+from gpubox.tools.serve.liveness import SERVING, Liveness, answered, restart_hint
 from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
 from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, ServePlan
 
 log = logging.getLogger("gpubox.serve")
-LIVE: tuple[EngineState, ...] = ("preparing", "starting", "ready")
+# what a live engine holds its name and port in; an unresponsive one may still answer again
+LIVE: tuple[EngineState, ...] = ("preparing", "starting", "ready", "unresponsive")
+RUNNING: tuple[EngineState, ...] = ("starting", "ready", "unresponsive")  # a process to check
 CLOSE_WAIT_S = 15.0  # a close waits this long in all for builds it cancelled to end
 STOP_POLL_S = 2.0  # how often a build checks its record: a stop from another gpubox server is seen there
 RECORD_KEEP_S = 7 * 86400.0  # an ended engine's record and log (serve_status reads them) are kept a week
@@ -91,15 +95,10 @@ class EngineManager:
     def _reconcile(self, rec: EngineRecord) -> EngineRecord:
         """A run engine whose process is gone is failed (with why), and its memory released."""
         spawned = rec.pid is not None  # before the spawn there is no process to check
-        if (
-            rec.engine == "vllm"
-            and spawned
-            and rec.state in ("starting", "ready")
-            and not pid_alive(rec.pid, rec.pid_started)
-        ):
+        if rec.engine == "vllm" and spawned and rec.state in RUNNING and not pid_alive(rec.pid, rec.pid_started):
             self.ledger.release(owner(rec.id))
             why = "the engine process exited" + (" during start-up" if rec.state == "starting" else "")
-            moved = self.store.move(rec.id, ("starting", "ready"), state="failed", error=f"{why}; see log_tail")
+            moved = self.store.move(rec.id, RUNNING, state="failed", error=f"{why}; see log_tail")
             return moved or self.store.read(self.store.file(rec.id)) or rec
         return rec
 
@@ -107,12 +106,24 @@ class EngineManager:
         return [self._reconcile(r) for r in self.store.load().values()]
 
     def serving(self, model: str) -> EngineRecord | None:
-        """The live engine serving `model` (its served name), if any: where infer_* requests for it go."""
+        """The live engine serving `model` (its served name), if any: where infer_* requests for it go. An
+        unresponsive one too: the request probes it first and fails at once unless it answers again."""
         for rec in self.records():
             names = [rec.model, *rec.aliases]
-            if model.lower() in (n.lower() for n in names) and rec.state in ("ready", "attached"):
+            if model.lower() in (n.lower() for n in names) and rec.state in SERVING:
                 return rec
         return None
+
+    def liveness(self, rec: EngineRecord) -> Liveness:
+        """How a request to `rec` watches it (remote.generate)."""
+        return Liveness(rec, self.settings.serve_probe_after_s, functools.partial(self.check, rec))
+
+    def check(self, rec: EngineRecord) -> bool:
+        """Probe the engine's health and record the answer (blocking). The record as routed: a detach meanwhile
+        must not fail a request the server is still answering."""
+        ok = client.healthy(rec.base_url, rec.api_key, self.settings.serve_probe_timeout_s)
+        answered(self.store, rec, ok)
+        return ok
 
     # --- start ----------------------------------------------------------------------------------
     def start(
@@ -316,8 +327,10 @@ class EngineManager:
 
     def status(self, engine_id: str, include_log: bool = False) -> EngineStatus:
         rec = self.record(engine_id)
-        live = rec.state in ("ready", "attached")
-        healthy = live and client.healthy(rec.base_url, rec.api_key)
+        live = rec.state in SERVING
+        healthy = live and client.healthy(rec.base_url, rec.api_key, self.settings.serve_probe_timeout_s)
+        if live:
+            rec = answered(self.store, rec, healthy)  # unresponsive until it answers, ready or attached again
         if healthy and rec.engine == "vllm":
             self.ledger.observe(owner(rec.id))  # its peak, for the next start of the same configuration
         held = self.ledger.holding(owner(rec.id))
@@ -361,6 +374,8 @@ def _next_step(rec: EngineRecord) -> str:
         return f"start-up takes minutes: serve_status engine_id='{rec.id}' wait_seconds=60"
     if rec.state in ("ready", "attached"):
         return f"infer_chat model='{rec.model}' goes to this engine; serve_stop engine_id='{rec.id}' ends it"
+    if rec.state == "unresponsive":
+        return f"it stopped answering its health probe: {restart_hint(rec)}"
     if rec.state == "failed":
         return "read log_tail; fix the cause and serve_start again"
     return "serve_start to serve it again"

@@ -1,7 +1,8 @@
 """infer_chat / infer_complete for a model an engine serves: its OpenAI-compatible API, streamed as MCP progress.
 
-Closing the stream (the MCP call was cancelled) makes vLLM abort the request. A JSON schema goes as
-`response_format` (vLLM's structured outputs) and the answer is still checked here, as on the local path.
+Closing the stream (the MCP call was cancelled) makes vLLM abort the request; an engine that stops answering ends
+it with what to do (liveness.py), not after the 600 s read timeout. A JSON schema goes as `response_format`
+(vLLM's structured outputs) and the answer is still checked here, as on the local path.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 from gpubox.tools.inference.service import FILLER, drive, timing
 from gpubox.tools.serve import client
+from gpubox.tools.serve.liveness import Liveness, watching
 from gpubox.tools.serve.schemas import EngineRecord
 
 
@@ -55,6 +57,7 @@ async def generate(
     report: Progress | None,
     timeout: float = 600.0,
     model: str | None = None,
+    live: Liveness | None = None,
 ) -> GenerationResult:
     path = "/chat/completions" if messages is not None else "/completions"
     t0 = time.perf_counter()
@@ -66,8 +69,12 @@ async def generate(
     body = request_body(rec, messages, prompt, p, model)
     # closed on the spot when the MCP call is cancelled (even while a progress report is being sent): the engine
     # sees its connection drop and aborts the request
-    async with contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout)) as sse:
+    async with (
+        watching(live) as touch,
+        contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout)) as sse,
+    ):
         async for chunk in sse:
+            touch()
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
@@ -111,13 +118,14 @@ async def benchmark(
     max_tokens: int,
     memory_gb: float,
     report: Progress | None,
+    live: Liveness | None = None,
 ) -> BenchmarkResult:
     """N requests, `concurrency` in flight, against the engine: what continuous batching gives many clients."""
     words = (FILLER * (prompt_tokens // 16 + 2))[: prompt_tokens * 4]  # about 4 characters a token
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
 
     def send(i: int) -> Awaitable[GenerationResult]:
-        return generate(rec, None, f"{i}. {words}", params, None)
+        return generate(rec, None, f"{i}. {words}", params, None, live=live)
 
     results, latencies, wall = await drive(requests, concurrency, send, report)
     decode = [x.decode_tokens_per_s for x in results if x.decode_tokens_per_s]

@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-EngineState = Literal["preparing", "starting", "ready", "failed", "stopped", "attached"]
+# unresponsive: a ready or attached engine that did not answer its health probe; it goes back (ready for an engine
+# gpubox runs, attached for an attached server) once it answers again
+EngineState = Literal["preparing", "starting", "ready", "failed", "stopped", "attached", "unresponsive"]
 
 
 class ServePlan(BaseModel):

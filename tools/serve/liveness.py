@@ -1,0 +1,134 @@
+"""Whether a served engine still answers, for requests and for serve_status.
+
+An engine that stops answering (a hung process, an attached server gone silent or unreachable) would otherwise
+stay 'ready' and hold every request for the whole read timeout (600 s). A request watches its engine instead:
+after `after_s` without a byte, the engine's health is probed with the probe start-up and serve_status use
+(GET /health, else /v1/models). An engine that answers it is slow, not gone (a long prefill on a CPU, a queue
+behind other requests), and the request keeps waiting; one that does not ends the request at once with what to do,
+and its record turns 'unresponsive' until a probe is answered again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from gpubox.errors import BusyError
+from gpubox.tools.serve.records import RecordStore
+from gpubox.tools.serve.schemas import EngineRecord, EngineState
+
+ANSWERING: tuple[EngineState, ...] = ("ready", "attached")
+SERVING: tuple[EngineState, ...] = (*ANSWERING, "unresponsive")  # routed to, probed by serve_status
+SILENT_ERROR = "stopped answering its health probe; requests to it end at once until it answers again"
+
+
+def answering_state(rec: EngineRecord) -> EngineState:
+    return "ready" if rec.engine == "vllm" else "attached"
+
+
+def answered(store: RecordStore, rec: EngineRecord, ok: bool) -> EngineRecord:
+    """Record a probe's answer: a ready or attached engine that did not answer turns 'unresponsive', and back once
+    it does. Only from those states, so a stop (or a detach, which removes the record) is never undone; the
+    records' lock is taken only for a change (most probes change nothing)."""
+    current = store.read(store.file(rec.id)) if store.file(rec.id).is_file() else None
+    if current is None:
+        return rec  # detached meanwhile: nothing to record
+    if ok and current.state == "unresponsive":
+        return store.move(rec.id, ("unresponsive",), state=answering_state(rec), error=None) or current
+    if not ok and current.state in ANSWERING:
+        return store.move(rec.id, ANSWERING, state="unresponsive", error=SILENT_ERROR) or current
+    return current
+
+
+def restart_hint(rec: EngineRecord) -> str:
+    if rec.engine == "vllm":
+        return (
+            f"serve_status engine_id='{rec.id}' include_log=true shows whether it recovers; serve_stop "
+            f"engine_id='{rec.id}' ends a hung engine, then serve_start it again"
+        )
+    return (
+        f"restart the server at {rec.base_url} (serve_status engine_id='{rec.id}' turns it back to 'attached' once "
+        f"it answers), or serve_stop engine_id='{rec.id}' to detach it"
+    )
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How a request watches the engine `rec`: `probe` blocks (an HTTP probe, then the record's lock), says whether
+    the engine answered and records it either way."""
+
+    rec: EngineRecord
+    after_s: float
+    probe: Callable[[], bool]
+
+    async def answers(self) -> bool:
+        # abandoned, not awaited, when the request ends first: the probe is bounded by its own timeout
+        return await anyio.to_thread.run_sync(self.probe, abandon_on_cancel=True)
+
+    def stopped(self, waited: bool) -> BusyError:
+        rec = self.rec
+        why = f"nothing came for {self.after_s:g} s and " if waited else ""
+        return BusyError(
+            f"engine {rec.id} serving '{rec.model}' at {rec.base_url} stopped answering: {why}its health probe "
+            f"failed, so the request was ended; {restart_hint(rec)}"
+        )
+
+
+class _Watch:
+    def __init__(self, live: Liveness) -> None:
+        self.live = live
+        self.last = anyio.current_time()
+        self.silent = False
+
+    def touch(self) -> None:
+        self.last = anyio.current_time()
+
+    async def run(self, scope: anyio.CancelScope) -> None:
+        """Probe after each `after_s` of silence (counted from the last byte or the last answered probe); cancel
+        `scope`, the request's, when a probe goes unanswered and nothing came meanwhile."""
+        probed = self.last
+        while True:
+            await anyio.sleep_until(max(self.last, probed) + self.live.after_s)
+            asked = anyio.current_time()
+            if asked < self.last + self.live.after_s:
+                continue  # a chunk came while this slept
+            if await self.live.answers():
+                probed = anyio.current_time()
+            elif self.last < asked:
+                self.silent = True
+                scope.cancel()
+                return
+
+
+@contextlib.asynccontextmanager
+async def watching(live: Liveness | None) -> AsyncIterator[Callable[[], None]]:
+    """Run a request under a watch on its engine; the request calls the yielded `touch` for each chunk. Raises
+    BusyError (the request cancelled) when the engine stops answering, at once when it is already known silent."""
+    if live is None:
+        yield lambda: None
+        return
+    if live.rec.state == "unresponsive" and not await live.answers():
+        raise live.stopped(waited=False)
+    watch = _Watch(live)
+    finished = False
+    error: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch.run, tg.cancel_scope)
+            try:
+                yield watch.touch
+                finished = True
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
+    if watch.silent and not finished:  # the request was cancelled by the watch (any error is from that)
+        raise live.stopped(waited=True) from error
+    if error is not None:
+        # one error alone (the request's, or a probe's that could not record its answer), as if unwatched
+        raise error
