@@ -3,6 +3,7 @@ here (a reader is the unit's only input from outside), so budgets, external use 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from gpubox.errors import CapacityError, InvalidInputError
 from gpubox.settings import Settings
-from gpubox.tools.box.capacity import Reading
+from gpubox.tools.box.capacity import Reading, start_time
 from gpubox.tools.box.ledger import Ledger
 
 
@@ -299,3 +300,71 @@ def test_a_budget_above_the_device_is_capped_at_what_it_has(tmp_path: Path) -> N
     assert host.budget_gb == pytest.approx(15.2)
     with pytest.raises(CapacityError):  # refused at once as never fitting, not queued for good
         led.wait_reserve("job big", "finetune", {"host": 200.0}, "finetune_cancel", threading.Event())
+
+
+def holding_row(owner: str, kind: str, gb: float, pid: int, server: dict[str, object]) -> dict[str, object]:
+    """A holding as another server writes it to the ledger file."""
+    return {
+        "owner": owner, "kind": kind, "devices": {"host": gb}, "started": "2025-01-01T00:00:00+00:00",
+        "pid": pid, "pid_started": start_time(pid), "frees_with": "x", **server,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["read at start", "written by another server later"])
+@pytest.mark.parametrize(
+    ("offset", "alive"),
+    [(0.0, True), (None, True), (-1000.0, False)],
+    ids=["its start time", "older file without a start time", "pid reused by another process"],
+)
+def test_a_server_is_known_by_its_pid_and_its_start_time(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], offset: float | None, alive: bool, late: bool
+) -> None:
+    """A gpubox server that died and whose pid an unrelated process got (here `sleeper`, under a start time that is
+    not its own) must not hold memory for good: what it held in-process is given back, what its live worker holds
+    is taken over. With the pid's own start time, or none (a file written before they were recorded), it is a live
+    server's."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        server: dict[str, object] = {"server_pid": sleeper.pid}
+        if offset is not None:
+            server["server_started"] = (start_time(sleeper.pid) or 0.0) + offset
+        rows = [
+            holding_row("model big", "inference", 1.5, sleeper.pid, server),  # in that server's own process
+            holding_row("job w", "finetune", 1.0, worker.pid, server),
+        ]
+        path = tmp_path / "state" / "box" / "ledger.json"
+        path.parent.mkdir(parents=True)
+        led = ledger(tmp_path, memory_budget_gb=4.0) if late else None
+        path.write_text(json.dumps({"holdings": rows}), encoding="utf-8")
+        led = led or ledger(tmp_path, memory_budget_gb=4.0)
+
+        assert led.check({"host": 2.0}).fits is not alive  # 4 GB budget: 2.5 GB held while that server lives
+        owners = [h.owner for h in led.state().holdings]
+        if alive:
+            assert owners == [f"model big [gpubox {sleeper.pid}]", f"job w [gpubox {sleeper.pid}]"]
+        else:
+            assert owners == ["job w"] and led.restored == ["job w"]  # its worker lives on: now this server's
+        led.reserve("model mine", "inference", {"host": 0.5}, "infer_unload name='mine'")
+        in_file = [h["owner"] for h in json.loads(path.read_text(encoding="utf-8"))["holdings"]]
+        assert sorted(in_file) == sorted(["model big", "job w", "model mine"] if alive else ["job w", "model mine"])
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_reserve_or_queue_reserves_what_fits_and_puts_the_rest_in_line(tmp_path: Path) -> None:
+    led = ledger(tmp_path, memory_budget_gb=2.0)
+    first = led.reserve_or_queue("job a", "finetune", {"host": 1.5}, "finetune_cancel job_id='a'")
+    assert first is not None and first.devices == {"host": 1.5} and led.position("job a") is None
+    assert led.reserve_or_queue("job b", "finetune", {"host": 1.0}, "finetune_cancel job_id='b'") is None
+    assert led.position("job b") == 1 and led.holding("job b") is None
+    got: list[str] = []  # its waiter keeps that place, and gets the memory once it frees
+    waiter = threading.Thread(
+        target=lambda: got.append(led.wait_reserve("job b", "finetune", {"host": 1.0}, "x", threading.Event()).owner)
+    )
+    waiter.start()
+    led.release("job a")
+    waiter.join(timeout=10)
+    assert got == ["job b"] and led.position("job b") is None
+    with pytest.raises(InvalidInputError, match="already holds"):
+        led.reserve_or_queue("job b", "finetune", {"host": 0.1}, "x")

@@ -11,7 +11,7 @@ Rules (one ledger per server process; its state file makes it survive a restart)
   holding is released, so a crash never leaks a reservation.
 - `wait_reserve` queues: first in line first among the waiters whose own condition holds (a later, smaller
   request never overtakes it), woken by every release; direct `reserve` calls are answered at once and do not
-  queue; see ledger_queue.py.
+  queue; `reserve_or_queue` reserves what fits now and queues the rest in one step; see ledger_queue.py.
 - Work that names its configuration (`key`) reserves what that configuration measured last time where that is
   more than its estimate; its peak while it runs is remembered (footprints.py).
 The lock is held only for bookkeeping; device readings are taken outside it.
@@ -159,6 +159,19 @@ class Ledger:
             self.peaks.track(owner, key, needs)
         return h
 
+    def reserve_or_queue(self, owner: str, kind: Kind, needs: dict[str, float], frees_with: str) -> Holding | None:
+        """Reserve `needs` for `owner` if they fit now; else put `owner` in the memory queue and return None (its
+        `wait_reserve` keeps that place). One step under the ledger's locks, for work that asked to wait: a
+        `check` then a `reserve` lets another reservation land between them and turns the wait into a refusal."""
+        readings = self._read()  # outside the lock, as everywhere: the admission itself is decided under it
+        wanted = self._new_holding(owner, kind, needs, frees_with, False, None, "estimator")
+        with self._cond:
+            try:
+                return self._try_reserve(wanted, readings)
+            except CapacityError:
+                self._queue.enter(owner)  # before the lock is let go: a release from now on wakes its waiter
+                return None
+
     def _known(self, key: str | None) -> dict[str, float] | None:
         return self.footprints.known(key) if key is not None else None
 
@@ -205,6 +218,7 @@ class Ledger:
             frees_with=frees_with,
             source=source,
             server_pid=os.getpid(),
+            server_started=start_time(os.getpid()),  # so a later process given this pid is not taken for this one
         )
         return h
 

@@ -4,6 +4,8 @@ Several servers may run at once (each MCP client may start its own over stdio). 
 and rewrites only those; the others' are re-read under the lock before every admission, so two servers cannot
 both take the last gigabyte. A holding names the server that made it (`server_pid`) and the process that holds
 the memory (`pid`): what a live worker or engine holds outlives its server and is taken over by the next one.
+Both pids are checked with their start times (`server_started`, `pid_started`): a dead server whose pid an
+unrelated process got would otherwise look alive for good, and what it held would never be given back.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpubox.filelock import exclusive
-from gpubox.tools.box.capacity import pid_alive
+from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.schemas import Holding
 
 log = logging.getLogger("gpubox.box")
@@ -57,7 +59,7 @@ class LedgerFile:
 
 def _kept(h: Holding) -> bool:
     """Another server's holding that still stands: its server lives, or the worker or engine holding it does."""
-    if pid_alive(h.server_pid, None):
+    if server_alive(h):
         return True
     return h.pid not in (None, h.server_pid) and pid_alive(h.pid, h.pid_started)
 
@@ -68,20 +70,20 @@ def adopted_at_start(held: Iterable[Holding]) -> list[Holding]:
     process holds is still held, now by this server."""
     out = []
     for h in held:
-        if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None):
+        if h.server_pid not in (None, os.getpid()) and server_alive(h):
             continue  # another live server's
         if h.pid not in (os.getpid(), h.server_pid) and pid_alive(h.pid, h.pid_started):
-            out.append(h.model_copy(update={"server_pid": os.getpid()}))
+            out.append(h.model_copy(update=this_server()))
     return out
 
 
 def orphans(held: Iterable[Holding], mine: dict[str, Holding]) -> list[Holding]:
     """Workers or engines of a server that died while running: this server takes them over."""
     return [
-        h.model_copy(update={"server_pid": os.getpid()})
+        h.model_copy(update=this_server())
         for h in held
         if h.server_pid not in (None, os.getpid())
-        and not pid_alive(h.server_pid, None)
+        and not server_alive(h)
         and h.pid != h.server_pid
         and pid_alive(h.pid, h.pid_started)
         and h.owner not in mine
@@ -93,5 +95,16 @@ def others(held: Iterable[Holding]) -> dict[str, Holding]:
     return {
         f"{h.owner} [gpubox {h.server_pid}]": h.model_copy(update={"owner": f"{h.owner} [gpubox {h.server_pid}]"})
         for h in held
-        if h.server_pid not in (None, os.getpid()) and pid_alive(h.server_pid, None) and pid_alive(h.pid, h.pid_started)
+        if h.server_pid not in (None, os.getpid()) and server_alive(h) and pid_alive(h.pid, h.pid_started)
     }
+
+
+def this_server() -> dict[str, object]:
+    """The fields that name this process as a holding's server (a new holding's, or an adopted one's)."""
+    return {"server_pid": os.getpid(), "server_started": start_time(os.getpid())}
+
+
+def server_alive(h: Holding) -> bool:
+    """Whether the server that made `h` still runs. A ledger file written before start times were recorded has
+    none: its pid alone is all there is to go on."""
+    return pid_alive(h.server_pid, h.server_started)

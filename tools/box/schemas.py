@@ -21,6 +21,9 @@ class Holding(BaseModel):
     pid_started: float | None = Field(default=None, description="That process's start time (guards against pid reuse)")
     frees_with: str = Field(description="The call that ends this work and frees its memory")
     server_pid: int | None = Field(default=None, description="The gpubox server that made the reservation")
+    server_started: float | None = Field(
+        default=None, description="That server's start time (guards against pid reuse; absent in older ledger files)"
+    )
     source: str = Field(default="estimator", description="Where the size comes from: 'estimator' or a measurement")
     measured_gb: dict[str, float] | None = Field(
         default=None, description="Memory the device shows for it, when measurable"

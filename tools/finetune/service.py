@@ -173,11 +173,18 @@ class Finetuner:
                 "with queue=true to start after it"
             )
         job_id = uuid.uuid4().hex[:10]
-        needs = admission.needs_of(plan)
-        admission.check_could_fit(self.ledger, admission.owner(job_id), needs)
-        waits = bool(running) or (queue and not self.ledger.check(needs).fits)
-        if not waits:  # reserved before anything is written: a refusal leaves nothing behind
-            self.ledger.reserve(admission.owner(job_id), "finetune", needs, admission.frees(job_id))
+        owner, frees, needs = admission.owner(job_id), admission.frees(job_id), admission.needs_of(plan)
+        admission.check_could_fit(self.ledger, owner, needs)
+        # reserved before anything is written, so a refusal leaves nothing behind. A launch that may wait is
+        # reserved or put in line in one step of the ledger: a check and then a reserve would refuse it when other
+        # work reserved in between
+        if running:
+            waits = True
+        elif queue:
+            waits = self.ledger.reserve_or_queue(owner, "finetune", needs, frees) is None
+        else:
+            self.ledger.reserve(owner, "finetune", needs, frees)
+            waits = False
         try:
             self._prepare(plan, plan_id, job_id, inject_oom, "queued" if waits else "starting")
             if waits:
@@ -185,7 +192,8 @@ class Finetuner:
             else:
                 self.supervisor.spawn(job_id)
         except BaseException:
-            self.ledger.release(admission.owner(job_id))
+            self.ledger.release(owner)
+            self.ledger.leave_queue(owner)  # a place taken above for a job that was never written
             raise
         return self.status(job_id)
 

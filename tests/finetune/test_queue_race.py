@@ -1,0 +1,129 @@
+"""finetune_launch queue=true against other work reserving at the same time: the launch must end queued or
+admitted, never refused. Other work reserves at every point of the launch where it holds no ledger lock (each
+device reading: the ledger reads the devices outside its lock), one point per launch, so every interleaving a
+reservation can take is tried in order, with events and no timing. The plan is written directly and the worker's
+start is recorded instead of run: the race is in the launch's bookkeeping, not in training."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from gpubox.errors import CapacityError
+from gpubox.settings import Settings
+from gpubox.tools.box.capacity import Reading
+from gpubox.tools.box.ledger import Ledger
+from gpubox.tools.box.schemas import Holding
+from gpubox.tools.finetune.schemas import DatasetSummary, FinetunePlan, FinetuneRequest, ResolvedBase
+from gpubox.tools.finetune.service import Finetuner
+from tests.conftest import DATA
+from tests.finetune.conftest import DATASET
+
+BUDGET_GB, JOB_GB, MODEL_GB = 2.0, 1.5, 1.0  # the job or the model fits, not both
+
+
+class OtherWork:
+    """A device reader that, at the launching thread's `at`-th reading, first lets a model be reserved from
+    another thread (joined before the reading returns, so the order is fixed)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.readings = 0  # the launching thread's
+        self.launcher: threading.Thread | None = None
+        self.ledger: Ledger | None = None
+        self.outcome: Holding | CapacityError | None = None  # the model's reservation, once tried
+
+    def __call__(self, _pids: Iterable[int]) -> dict[str, Reading]:
+        if threading.current_thread() is self.launcher:
+            if self.readings == self.at:
+                other = threading.Thread(target=self._reserve)
+                other.start()
+                other.join(timeout=30)
+                assert not other.is_alive(), "the reservation blocked: the launch read the devices under a lock"
+            self.readings += 1
+        return {"host": Reading(total_gb=16.0, used_gb=2.0)}
+
+    def _reserve(self) -> None:
+        assert self.ledger is not None
+        try:
+            self.outcome = self.ledger.reserve("model m", "inference", {"host": MODEL_GB}, "infer_unload name='m'")
+        except CapacityError as exc:
+            self.outcome = exc
+
+
+def write_plan(ft: Finetuner) -> str:
+    rows = sum(1 for line in DATASET.read_text(encoding="utf-8").splitlines() if line.strip())
+    plan = FinetunePlan(
+        plan_id="race1",
+        request=FinetuneRequest(model="base", dataset=str(DATASET)),
+        base=ResolvedBase(name="base", path="base.gguf", format="gguf", hf_path="base-hf", hf_ready=False),
+        device="cpu",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        global_batch=1,
+        gradient_checkpointing=False,
+        total_steps=1,
+        batch_source="the test",
+        estimated_memory_gb=JOB_GB,
+        dataset=DatasetSummary(
+            path=str(DATASET),
+            format="messages",
+            rows=rows,
+            train_rows=rows,
+            eval_rows=0,
+            tokens_total=0,
+            token_length_percentiles={},
+            truncated_rows=0,
+        ),
+        speed_options={},
+    )
+    (ft.plans_dir / f"{plan.plan_id}.json").write_text(plan.model_dump_json(), encoding="utf-8")
+    return plan.plan_id
+
+
+def launch_with_other_work_at(tmp_path: Path, at: int, monkeypatch: pytest.MonkeyPatch) -> tuple[OtherWork, str]:
+    """One queued launch with a model reserved at its `at`-th device reading; returns what the model got and
+    the job's state."""
+    other = OtherWork(at)
+    settings = Settings.load(state_dir=tmp_path / f"at{at}", allowed_roots=[DATA], memory_budget_gb=BUDGET_GB)
+    ledger = other.ledger = Ledger(settings, read=other)
+    ft = Finetuner(settings, ledger=ledger)
+    started: list[str] = []
+    monkeypatch.setattr(ft.supervisor, "spawn", started.append)  # admitted: its worker would start here
+    plan_id = write_plan(ft)
+    other.launcher = threading.current_thread()
+    try:
+        st = ft.launch(plan_id, queue=True)
+    except CapacityError as exc:
+        pytest.fail(f"queue=true was refused when other work reserved at device reading {at}: {exc}")
+    finally:
+        other.launcher = None  # the queued job's waiter thread reads on its own
+    job = f"fine-tune job {st.job_id}"
+    if st.state == "queued":
+        assert isinstance(other.outcome, Holding), "queued while nothing held its memory"
+        assert st.queue_position == 1 and ledger.holding(job) is None and not started
+        ft.cancel(st.job_id)  # its waiter leaves the line
+    else:
+        assert st.state == "starting" and started == [st.job_id]
+        holding = ledger.holding(job)
+        assert holding is not None and holding.devices == {"host": JOB_GB}
+        assert not isinstance(other.outcome, Holding)  # the model was refused, or came after the launch
+    return other, st.state
+
+
+def test_a_queued_launch_is_never_refused_whatever_reserves_between_its_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states: list[str] = []
+    at = 0
+    while True:
+        other, state = launch_with_other_work_at(tmp_path, at, monkeypatch)
+        states.append(state)
+        if other.readings <= at:  # the launch ended before that reading: every point has been tried
+            break
+        at += 1
+    # the model reserved first at every point of the launch: each launch waited; with no other work, one started
+    assert states == ["queued"] * (len(states) - 1) + ["starting"] and len(states) > 1, states
