@@ -47,8 +47,11 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 # An indexing run holds the embedding model (MiniLM: 90 MB of weights) with its batch activations and the torch
-# runtime: about 0.5 GB of host RAM, and on a GPU the weights, activations and a CUDA context there too.
-INDEXING_HOST_GB = 0.5
+# runtime, tree-sitter parsers and the index's SQLite/FAISS writes: the server grew 1.21-1.30 GB of host RAM per run
+# (semble's benchmark and bench/symbol_eval, 2026-11-26, with the model already loaded for the second and later runs;
+# 0.5 GB had been the figure, under-reserving every first run), and on a GPU the weights, activations and a CUDA
+# context there too. A configuration's measured footprint replaces this once known (box.footprints).
+INDEXING_HOST_GB = 1.3
 INDEXING_GPU_GB = 0.6
 
 
