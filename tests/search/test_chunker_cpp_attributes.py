@@ -67,3 +67,29 @@ def test_preprocessor_lines_are_left_as_written(directive: str) -> None:
 
 def test_many_macro_calls_on_one_long_line_are_chunked_in_linear_time() -> None:
     chunk_text("f() FOO_BAR;" * 100_000, "cpp")  # each match looked back to its line's start: quadratic before
+
+
+def test_statement_macros_with_type_arguments_keep_the_namespace_around_them() -> None:
+    # googletest's gmock-actions.h: type arguments are no expression the grammar reads; its error recovery lost the
+    # namespace here and, in the whole file, made one function named after the macro of the 300 lines after them
+    # (`struct negation` and a dozen other definitions were no symbols)
+    source = (
+        "namespace internal {\n"
+        "DEFINE_DEFAULT_(unsigned char, '\\0');  // NOLINT\n"
+        "DEFINE_DEFAULT_(signed char, '\\0');\n"
+        "DEFINE_DEFAULT_(double, 0);\n\n"
+        "template <typename P>\nstruct negation\n    : std::integral_constant<bool, bool(!P::value)> {};\n"
+        "}  // namespace internal\n\n"
+        "template <typename R>\nclass OnceAction {\n public:\n  template <typename Callable>\n"
+        "  OnceAction(Callable&& callable)  // NOLINT\n      : OnceAction(Ignore<Callable>{\n"
+        "            std::forward<Callable>(callable)}) {}\n};\n"
+    )
+    chunks = chunk_text(source, "cpp")
+    names = [(c.kind, c.symbol) for c in chunks]
+    assert ("namespace", "internal") in names and ("struct", "negation") in names and ("class", "OnceAction") in names
+    assert all(c.symbol != "DEFINE_DEFAULT_" for c in chunks)
+    assert "DEFINE_DEFAULT_(unsigned char, '\\0');" in "".join(c.text for c in chunks)  # blanked for the parse only
+
+
+def test_a_long_unclosed_statement_macro_line_is_chunked_in_linear_time() -> None:
+    chunk_text("A_B(" + "x, (y) " * 100_000 + "\n" + "C_D(" * 50_000 + ";\n", "cpp")  # would hang if polynomial

@@ -37,7 +37,9 @@ log = logging.getLogger("gpubox.search")
 # 11: a C++ class head with an attribute macro and a `[[nodiscard]]` (googletest's `class GTEST_API_ [[nodiscard]]
 #     UnitTest {`) is read as a class: it was a function, and the rest of gtest.h one long method; a macro after a
 #     parameter list (`now() SPDLOG_NOEXCEPT {`) is blanked.
-CHUNKER_VERSION = 11
+# 12: a C++ statement macro with arguments at the start of a line (`GMOCK_DEFINE_..._(unsigned char, '\0');`) is
+#     blanked: googletest's gmock-actions.h from there on was one function, `struct negation` no symbol.
+CHUNKER_VERSION = 12
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 SHORT_FILE_CHARS = 2_000  # a file of under three lines and no symbol is one chunk up to this size
@@ -183,6 +185,13 @@ _LEADING_ATTRIBUTE = re.compile(
 # at the start of its line with no `;` after it: an indented `SOME_CONSTANT` ending an expression or an enum is no
 # namespace macro (and one blank run, not two around an optional character, keeps the match linear)
 _MACRO_LINE = re.compile(rb"^([A-Z][A-Z0-9]*_[A-Z0-9_]+)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE)
+# a statement macro with arguments at the start of its line, ended by `;` (googletest's
+# `GMOCK_DEFINE_DEFAULT_ACTION_FOR_RETURN_TYPE_(unsigned char, '\0');`): type arguments are no expression the
+# grammar reads, and its error recovery made one function of the 300 lines after them, `struct negation` and a dozen
+# other definitions inside it. Column 0 only (namespace scope); `TEST(Suite, Name)` before a body has no `;`.
+_MACRO_STATEMENT = re.compile(
+    rb"^([A-Z][A-Z0-9]*_[A-Z0-9_]*\((?:[^()\n]|\([^()\n]*\))*\)[ \t]*;)[ \t]*(?://[^\n]*)?\r?$", re.MULTILINE
+)
 # after a parameter list (and `const`, `&`), before the body, `;`, an initialiser list, `= default` or the line's end:
 # spdlog's `now() SPDLOG_NOEXCEPT {` made the grammar drop the function (a declaration's `SPDLOG_NOEXCEPT;` too)
 _TRAILING_MACRO = re.compile(
@@ -250,7 +259,8 @@ def without_macros(src: bytes, cpp: bool = True) -> bytes:
     src = _blank(src, _CLASS_MACROS, 1)
     if not cpp:
         return src
-    return _blank(_blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1), _TRAILING_MACRO, 1, code_only=True)
+    src = _blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1)
+    return _blank(_blank(src, _MACRO_STATEMENT, 1), _TRAILING_MACRO, 1, code_only=True)
 
 
 def _parse(parser: Any, src: bytes, language: str) -> Any:
