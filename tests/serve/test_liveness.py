@@ -21,7 +21,9 @@ from mcp import Client
 
 from gpubox import services
 from gpubox.app import build_server, state_of
+from gpubox.errors import BusyError
 from gpubox.settings import Settings
+from gpubox.tools.serve.liveness import Liveness, watching
 from gpubox.tools.serve.schemas import EngineRecord
 from tests.conftest import call_err, call_ok
 
@@ -35,8 +37,8 @@ class Engine:
     read and never answered, as by a hung process. POST /v1/chat/completions streams `before` chunks, waits for
     `release` (a hung engine or a long prefill), then streams the rest."""
 
-    def __init__(self, has_health: bool = True, before: int = 0) -> None:
-        self.has_health, self.before = has_health, before
+    def __init__(self, has_health: bool = True, before: int = 0, health_status: int = 200) -> None:
+        self.has_health, self.before, self.health_status = has_health, before, health_status
         self.sick, self.release, self.held, self.closing = (threading.Event() for _ in range(4))
         self.chats = 0
         self.probes = 0  # GETs of the probe's path
@@ -67,6 +69,9 @@ class Engine:
     def get(self, conn: socket.socket, path: str) -> None:
         if path.endswith("/health") and not self.has_health:
             conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        if path.endswith("/health") and self.health_status != 200:  # a gateway that passes no /health on
+            conn.sendall(b"HTTP/1.1 %d No\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" % self.health_status)
             return
         if path.endswith("/health") or (path.endswith("/models") and not self.has_health):
             with self._counted:
@@ -223,3 +228,55 @@ async def test_a_hung_vllm_engine_reads_unresponsive_names_serve_stop_and_is_rea
             engine.sick.clear()
             st = await call_ok(c, "serve_status", engine_id="abc123")
             assert st["state"] == "ready" and st["healthy"] and st["error"] is None, st
+
+
+@pytest.mark.parametrize("status", [401, 403, 405])
+async def test_a_server_whose_health_route_is_refused_but_whose_models_answer_is_attached_and_served(
+    tmp_path: Path, status: int
+) -> None:
+    # an auth gateway in front of the server refuses paths it does not pass on: the model list is the probe then
+    with running(Engine(health_status=status)) as engine:
+        async with gpubox(tmp_path) as (c, _):
+            att = await call_ok(c, "serve_attach", base_url=engine.url)
+            assert att["state"] == "attached" and att["healthy"], att
+            engine.release.set()  # nothing held: the answer streams at once
+            assert (await call_ok(c, "infer_chat", messages=HI, model="m"))["text"] == "".join(WORDS)
+            st = await call_ok(c, "serve_status", engine_id=att["id"])
+            assert st["state"] == "attached" and st["healthy"], st
+
+
+async def test_a_chunk_that_comes_while_a_probe_fails_keeps_the_request_and_the_engine_answering() -> None:
+    # a streaming engine whose /health is slower than the probe's limit under load is not 'unresponsive'
+    probing, verdict = threading.Event(), threading.Event()
+    recorded: list[bool] = []
+
+    def probe() -> bool:
+        probing.set()
+        verdict.wait(30)
+        return False
+
+    rec = EngineRecord(
+        id="e1", engine="vllm", model="m", source="x", base_url="http://127.0.0.1:9/v1", started=0.0, state="ready"
+    )
+    live = Liveness(rec, 0.05, probe, recorded.append)
+    with anyio.fail_after(30):
+        async with watching(live) as touch:
+            assert await wait_event(probing)  # silent for 0.05 s: the probe runs
+            touch()  # a chunk arrives meanwhile
+            verdict.set()  # then the probe gives up
+            probing.clear()
+            assert await wait_event(probing)  # the watch goes on (its next probe), the request was not cancelled
+            touch()
+    assert False not in recorded
+
+
+async def test_a_request_whose_engine_stays_silent_through_a_probe_is_ended_and_recorded() -> None:
+    recorded: list[bool] = []
+    rec = EngineRecord(
+        id="e2", engine="vllm", model="m", source="x", base_url="http://127.0.0.1:9/v1", started=0.0, state="ready"
+    )
+    live = Liveness(rec, 0.05, lambda: False, recorded.append)
+    with anyio.fail_after(30), pytest.raises(BusyError, match="stopped answering"):
+        async with watching(live):
+            await anyio.sleep_forever()  # the request waits on an engine that sends nothing
+    assert recorded == [False]

@@ -93,9 +93,12 @@ def root_of(base_url: str) -> str:
 
 
 def healthy(base_url: str, api_key: str | None, timeout: float = 5.0) -> bool:
+    """Whether the server answers: /health says 200, or (no such route: Ollama's 404, a gateway's 401/403/405 for a
+    path it does not pass on, a base URL under a prefix) its model list does. A 5xx from /health is an engine that
+    is up but broken (vLLM's engine core gone): not healthy."""
     try:
         r = _get(root_of(base_url) + "/health", api_key, timeout)
-        if r.status_code == 404:  # servers without /health (Ollama): the model list answers instead
+        if r.status_code != 200 and r.status_code < 500:
             r = _get(base_url.rstrip("/") + "/models", api_key, timeout)
         return r.status_code == 200
     except httpx.HTTPError:

@@ -116,14 +116,8 @@ class EngineManager:
 
     def liveness(self, rec: EngineRecord) -> Liveness:
         """How a request to `rec` watches it (remote.generate)."""
-        return Liveness(rec, self.settings.serve_probe_after_s, functools.partial(self.check, rec))
-
-    def check(self, rec: EngineRecord) -> bool:
-        """Probe the engine's health and record the answer (blocking). The record as routed: a detach meanwhile
-        must not fail a request the server is still answering."""
-        ok = client.healthy(rec.base_url, rec.api_key, self.settings.serve_probe_timeout_s)
-        answered(self.store, rec, ok)
-        return ok
+        probe = functools.partial(client.healthy, rec.base_url, rec.api_key, self.settings.serve_probe_timeout_s)
+        return Liveness(rec, self.settings.serve_probe_after_s, probe, functools.partial(answered, self.store, rec))
 
     # --- start ----------------------------------------------------------------------------------
     def start(

@@ -57,16 +57,20 @@ def restart_hint(rec: EngineRecord) -> str:
 
 @dataclass(frozen=True)
 class Liveness:
-    """How a request watches the engine `rec`: `probe` blocks (an HTTP probe, then the record's lock), says whether
-    the engine answered and records it either way."""
+    """How a request watches the engine `rec`: `probe` blocks (an HTTP probe) and says whether the engine answered;
+    `record` writes an answer to the engine's record (blocking: the records' lock)."""
 
     rec: EngineRecord
     after_s: float
     probe: Callable[[], bool]
+    record: Callable[[bool], object]
 
     async def answers(self) -> bool:
         # abandoned, not awaited, when the request ends first: the probe is bounded by its own timeout
         return await anyio.to_thread.run_sync(self.probe, abandon_on_cancel=True)
+
+    async def recorded(self, ok: bool) -> None:
+        await anyio.to_thread.run_sync(self.record, ok)
 
     def stopped(self, waited: bool) -> BusyError:
         rec = self.rec
@@ -97,10 +101,16 @@ class _Watch:
                 continue  # a chunk came while this slept
             if await self.live.answers():
                 probed = anyio.current_time()
+                await self.live.recorded(True)  # back to ready/attached if a status probe had missed
             elif self.last < asked:
+                # recorded only now: a chunk that came while the probe waited shows the engine answers, whatever a
+                # probe slower than its timeout under load says
+                await self.live.recorded(False)
                 self.silent = True
                 scope.cancel()
                 return
+            else:
+                probed = anyio.current_time()
 
 
 @contextlib.asynccontextmanager
@@ -110,8 +120,11 @@ async def watching(live: Liveness | None) -> AsyncIterator[Callable[[], None]]:
     if live is None:
         yield lambda: None
         return
-    if live.rec.state == "unresponsive" and not await live.answers():
-        raise live.stopped(waited=False)
+    if live.rec.state == "unresponsive":
+        ok = await live.answers()
+        await live.recorded(ok)
+        if not ok:
+            raise live.stopped(waited=False)
     watch = _Watch(live)
     finished = False
     error: BaseException | None = None
