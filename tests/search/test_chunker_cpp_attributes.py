@@ -93,3 +93,20 @@ def test_statement_macros_with_type_arguments_keep_the_namespace_around_them() -
 
 def test_a_long_unclosed_statement_macro_line_is_chunked_in_linear_time() -> None:
     chunk_text("A_B(" + "x, (y) " * 100_000 + "\n" + "C_D(" * 50_000 + ";\n", "cpp")  # would hang if polynomial
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "const int kCount =\nARRAY_SIZE(kNames);\nclass Registry {\n public:\n  int x;\n};\n",  # an expression's end
+        "Widget*\nMAKE_WIDGET(int a);\n\nclass Registry {\n public:\n  int x;\n};\n",  # a GNU-style prototype
+        "#define REGISTER(a) \\\nDO_REGISTER(a, b);\nclass Registry {\n public:\n  int x;\n};\n",  # a macro's body
+    ],
+)
+def test_a_macro_line_that_ends_another_statement_is_left_for_the_grammar(source: str) -> None:
+    # blanking it would leave the statement above unfinished and take the next definition into it
+    assert [(c.kind, c.symbol) for c in chunk_text(source, "cpp")] == [("class", "Registry")]
+
+
+def test_many_statement_macros_under_long_comments_are_chunked_in_linear_time() -> None:
+    chunk_text(("// " + "x" * 2_000 + "\n") * 200 + "A_B(int, 0);\n" * 20_000, "cpp")  # would hang if quadratic

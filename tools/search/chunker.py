@@ -205,13 +205,39 @@ _TRAILING_MACRO = re.compile(
 _HASH_LINE = re.compile(rb"[ \t]*#")  # a preprocessor line
 
 
-def _blank(src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool = False) -> bytes:
+_LINE_COMMENT = re.compile(rb"[ \t]*(?://|/\*|\*)")
+_ENDS_STATEMENT = re.compile(rb"(?:[;{}:]|^[ \t]*#.*)[ \t]*(?://.*|/\*.*\*/)?\r?$")
+
+
+def _starts_statement(src: bytes, pos: int) -> bool:
+    """Whether the line at `pos` begins a statement: the file's first code line, or the last code line above it
+    (comments and blank lines skipped) ends one (`;`, a brace, a label's or access specifier's `:`) or is a
+    preprocessor line. Not `const int n =` / `ARRAY_SIZE(x);`, whose blanked end would take the next definition in,
+    nor a `#define`'s continued body (its line ends with a backslash)."""
+    end = pos - 1  # the newline before this line
+    for _ in range(64):  # a long comment above it: counted as the start of a statement
+        if end < 0:
+            return True
+        start = src.rfind(b"\n", 0, end) + 1
+        line = src[start:end]
+        if line.strip() and not _LINE_COMMENT.match(line):
+            return bool(_ENDS_STATEMENT.search(line)) and not line.rstrip().endswith(b"\\")
+        end = start - 1
+    return True
+
+
+def _blank(
+    src: bytes, pattern: re.Pattern[bytes], group: int, code_only: bool = False, after_statement: bool = False
+) -> bytes:
     """`src` with each match's `group` as spaces; `code_only`: not on a preprocessor line (`#define X(a) FOO(a)`
-    blanked to an empty value makes the grammar take the next line as the macro's body)."""
+    blanked to an empty value makes the grammar take the next line as the macro's body); `after_statement`: only a
+    match on a line that begins a statement (_starts_statement)."""
     out = bytearray(src)
     seen, directive = 0, bool(_HASH_LINE.match(src))  # the line of the previous match, searched on from there
     for m in pattern.finditer(src):
         a, b = m.span(group)
+        if after_statement and not _starts_statement(src, a):
+            continue
         if code_only:
             newline = src.rfind(b"\n", seen, a)
             if newline >= 0:
@@ -260,7 +286,7 @@ def without_macros(src: bytes, cpp: bool = True) -> bytes:
     if not cpp:
         return src
     src = _blank(_blank(src, _LEADING_ATTRIBUTE, 1), _MACRO_LINE, 1)
-    return _blank(_blank(src, _MACRO_STATEMENT, 1), _TRAILING_MACRO, 1, code_only=True)
+    return _blank(_blank(src, _MACRO_STATEMENT, 1, after_statement=True), _TRAILING_MACRO, 1, code_only=True)
 
 
 def _parse(parser: Any, src: bytes, language: str) -> Any:
