@@ -28,7 +28,7 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
-from gpubox.tools.serve.liveness import SERVING, Liveness, answered, restart_hint
+from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, answered, restart_hint
 from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
 from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, ServePlan
 
@@ -366,7 +366,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 def _next_step(rec: EngineRecord) -> str:
     if rec.state in ("preparing", "starting"):
         return f"start-up takes minutes: serve_status engine_id='{rec.id}' wait_seconds=60"
-    if rec.state in ("ready", "attached"):
+    if rec.state in ANSWERING:
         return f"infer_chat model='{rec.model}' goes to this engine; serve_stop engine_id='{rec.id}' ends it"
     if rec.state == "unresponsive":
         return f"it stopped answering its health probe: {restart_hint(rec)}"

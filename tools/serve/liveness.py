@@ -33,7 +33,7 @@ def answered(store: RecordStore, rec: EngineRecord, ok: bool) -> EngineRecord:
     """Record a probe's answer: a ready or attached engine that did not answer turns 'unresponsive', and back once
     it does. Only from those states, so a stop (or a detach, which removes the record) is never undone; the
     records' lock is taken only for a change (most probes change nothing)."""
-    current = store.read(store.file(rec.id)) if store.file(rec.id).is_file() else None
+    current = store.read(store.file(rec.id))
     if current is None:
         return rec  # detached meanwhile: nothing to record
     if ok and current.state == "unresponsive":

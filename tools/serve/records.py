@@ -86,6 +86,8 @@ class RecordStore:
     def read(self, path: Path) -> EngineRecord | None:
         try:
             return EngineRecord.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:  # removed meanwhile (a detach, the week-old sweep): nothing to report
+            return None
         except (OSError, ValueError) as exc:
             log.warning("engine record %s unreadable (%s); skipped", path, exc)
             return None
