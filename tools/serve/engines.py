@@ -28,7 +28,7 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
-from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, answered, restart_hint
+from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, ProbeFlights, answered, restart_hint
 from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
 from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, ServePlan
 
@@ -72,6 +72,7 @@ class EngineManager:
         self.store = RecordStore(self.root)
         self._cancels: dict[str, Preparing] = {}  # engines still preparing here: a stop cancels the build
         self._launchers: dict[str, threading.Thread] = {}
+        self._flights = ProbeFlights()  # one health probe in flight per engine, whatever number of requests wait
         for rec in self.store.load().values():  # a restart finds running engines again, watches starting ones
             if rec.state == "starting" and pid_alive(rec.pid, rec.pid_started):
                 threading.Thread(target=self._await_ready, args=(rec.id,), daemon=True).start()
@@ -117,7 +118,8 @@ class EngineManager:
     def liveness(self, rec: EngineRecord) -> Liveness:
         """How a request to `rec` watches it (remote.generate)."""
         probe = functools.partial(client.healthy, rec.base_url, rec.api_key, self.settings.serve_probe_timeout_s)
-        return Liveness(rec, self.settings.serve_probe_after_s, probe, functools.partial(answered, self.store, rec))
+        record = functools.partial(answered, self.store, rec)
+        return Liveness(rec, self.settings.serve_probe_after_s, probe, record, self._flights)
 
     # --- start ----------------------------------------------------------------------------------
     def start(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -55,19 +55,52 @@ def restart_hint(rec: EngineRecord) -> str:
     )
 
 
+@dataclass
+class _Flight:
+    done: anyio.Event
+    ok: bool | None = None  # None: the probe's request ended before it answered
+
+
+class ProbeFlights:
+    """One health probe at a time per engine. Every waiting request of a hung engine reaches its probe point
+    together (they all went silent together); without this each ran a probe of its own, a worker thread each
+    for up to the probe's timeout. A request that asks while a probe is in flight takes that probe's answer."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, _Flight] = {}
+
+    async def answer(self, engine_id: str, probe: Callable[[], bool]) -> bool:
+        while True:
+            flight = self._flights.get(engine_id)
+            if flight is None:
+                flight = self._flights[engine_id] = _Flight(anyio.Event())
+                try:
+                    # abandoned, not awaited, when the request ends first: the probe is bounded by its own timeout
+                    flight.ok = await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
+                    return flight.ok
+                finally:
+                    del self._flights[engine_id]
+                    flight.done.set()
+            await flight.done.wait()
+            if flight.ok is not None:
+                return flight.ok
+            # the request that ran it was cancelled before the answer: probe again, as the next in line
+
+
 @dataclass(frozen=True)
 class Liveness:
-    """How a request watches the engine `rec`: `probe` blocks (an HTTP probe) and says whether the engine answered;
-    `record` writes an answer to the engine's record (blocking: the records' lock)."""
+    """How a request watches the engine `rec`: `probe` blocks (an HTTP probe) and says whether the engine answered,
+    one at a time per engine through `flights`; `record` writes an answer to the engine's record (blocking: the
+    records' lock)."""
 
     rec: EngineRecord
     after_s: float
     probe: Callable[[], bool]
     record: Callable[[bool], object]
+    flights: ProbeFlights = field(default_factory=ProbeFlights)  # shared by every request to the engine
 
     async def answers(self) -> bool:
-        # abandoned, not awaited, when the request ends first: the probe is bounded by its own timeout
-        return await anyio.to_thread.run_sync(self.probe, abandon_on_cancel=True)
+        return await self.flights.answer(self.rec.id, self.probe)
 
     async def recorded(self, ok: bool) -> None:
         await anyio.to_thread.run_sync(self.record, ok)
