@@ -127,3 +127,34 @@ def test_a_queued_launch_is_never_refused_whatever_reserves_between_its_steps(
         at += 1
     # the model reserved first at every point of the launch: each launch waited; with no other work, one started
     assert states == ["queued"] * (len(states) - 1) + ["starting"] and len(states) > 1, states
+
+
+def test_a_cancel_between_a_queued_jobs_row_and_its_waiter_takes_it_out_of_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another client's finetune_cancel lands after the job's row reads 'queued' and before its waiter exists
+    settings = Settings.load(state_dir=tmp_path, allowed_roots=[DATA], memory_budget_gb=BUDGET_GB)
+    ledger = Ledger(settings, read=lambda _pids: {"host": Reading(total_gb=16.0, used_gb=2.0)})
+    ft = Finetuner(settings, ledger=ledger)
+    started: list[str] = []
+    monkeypatch.setattr(ft.supervisor, "spawn", started.append)
+    ledger.reserve("model m", "inference", {"host": MODEL_GB}, "infer_unload name='m'")  # so the job must wait
+    enqueue = ft.queue.enqueue
+
+    def cancelled_first(job_id: str, needs: dict[str, float], ready: object) -> None:
+        other = threading.Thread(target=ft.cancel, args=(job_id,))
+        other.start()
+        other.join(timeout=30)
+        enqueue(job_id, needs, ready)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ft.queue, "enqueue", cancelled_first)
+    st = ft.launch(write_plan(ft), queue=True)
+    job = f"fine-tune job {st.job_id}"
+    waiters = [t for t in threading.enumerate() if t.name == f"finetune-queue-{st.job_id}"]
+    for t in waiters:
+        t.join(timeout=30)  # it ends at once: nothing to wait for
+    assert not any(t.is_alive() for t in waiters), "the cancelled job's waiter still waits for memory"
+    assert ft.status(st.job_id).state == "cancelled"
+    assert ledger.position(job) is None, "a cancelled job keeps its place in line"
+    ledger.release("model m")  # memory frees: a cancelled job must not start
+    assert ledger.holding(job) is None and not started

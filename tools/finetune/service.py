@@ -202,6 +202,9 @@ class Finetuner:
         plan = self.load_plan(cfg["plan_id"])
         ready = lambda: not self.ledger.holders("finetune") and not self.store.active()  # noqa: E731
         self.queue.enqueue(job_id, admission.needs_of(plan), ready)
+        row = self.store.reconcile(job_id)
+        if row is None or row["state"] != "queued":  # a finetune_cancel came between the row and its waiter
+            self.queue.cancel(job_id)
 
     def _start_queued(self, job_id: str) -> None:
         with self._slot:
