@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -24,16 +25,21 @@ def server_command() -> tuple[str, list[str]]:
     return str(Path(sys.executable).resolve()), ["-m", "gpubox", "serve"]
 
 
+def _path_list(paths: list[Path]) -> str:
+    # A JSON list reads back exactly whatever characters the paths hold (os.pathsep, commas, quotes).
+    return json.dumps([str(p) for p in paths], ensure_ascii=False)
+
+
 def stdio_env(settings: Settings) -> dict[str, str]:
     # The stdio child's environment is allow-listed by MCP clients: pass what the server needs.
     env = {
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
         "GPUBOX_STATE_DIR": str(settings.state_dir),
-        "GPUBOX_ALLOWED_ROOTS": os.pathsep.join(str(p) for p in settings.allowed_roots),
+        "GPUBOX_ALLOWED_ROOTS": _path_list(settings.allowed_roots),
         "HF_HUB_OFFLINE": "1",
     }
     if settings.model_dirs:
-        env["GPUBOX_MODEL_DIRS"] = os.pathsep.join(str(p) for p in settings.model_dirs)
+        env["GPUBOX_MODEL_DIRS"] = _path_list(settings.model_dirs)
     if settings.tools:
         env["GPUBOX_TOOLS"] = ",".join(settings.tools)
     return env

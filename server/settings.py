@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gpubox.envlists import split_names, split_paths
 from gpubox.errors import ConfigError
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("gpubox_config_file", default=None)
@@ -56,19 +57,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _split_list(value: Any) -> Any:
-    """Accept a JSON-ish list, or a string separated by os.pathsep / commas (env-var friendly)."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            import json
-
-            return json.loads(text)
-        sep = "," if "," in text else os.pathsep
-        return [p.strip() for p in text.split(sep) if p.strip()]
-    return value
 
 
 PathList = Annotated[list[Path], NoDecode]
@@ -336,10 +324,23 @@ class Settings(BaseSettings):
                 raise ValueError(f"memory_budgets: {device}={gb} must be above 0 and at most 65536 GB")
         return value
 
-    @field_validator("allowed_roots", "model_dirs", "allowed_hosts", "allowed_origins", "tools", mode="before")
+    @field_validator("allowed_roots", "model_dirs", mode="before")
     @classmethod
-    def _lists(cls, value: Any) -> Any:
-        return _split_list(value)
+    def _path_lists(cls, value: Any, info: ValidationInfo) -> Any:
+        return split_paths(value, str(info.field_name))
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _name_lists(cls, value: Any, info: ValidationInfo) -> Any:
+        return split_names(value, str(info.field_name))
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_list(cls, value: Any) -> Any:
+        # Tool and family names hold neither ',' nor ':', so both separators stay accepted as before.
+        if isinstance(value, str) and not value.strip().startswith("["):
+            value = value.replace(os.pathsep, ",")
+        return split_names(value, "tools")
 
     @field_validator("state_dir", "token_file", "search_embedding_model", "serve_python", mode="after")
     @classmethod

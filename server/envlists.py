@@ -1,0 +1,48 @@
+"""How a list setting given as one string (an env var, a TOML string) becomes a list.
+
+Paths split on os.pathsep only, names (hosts, origins, tools) on commas only; either may be a JSON list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _json_list(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{what} starts with '[' but is not a valid JSON list ({exc})") from None
+
+
+def split_paths(value: Any, what: str) -> Any:
+    """A JSON list, or a string separated by os.pathsep only: a comma is a legal character in a directory
+    name, so splitting on it would turn '/x/proj,v2' into '/x/proj' plus a relative 'v2' the user never allowed."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return _json_list(text, what)
+    parts = [p.strip() for p in text.split(os.pathsep) if p.strip()]
+    for part in parts:
+        # Older configs separated paths with commas; refuse such an entry rather than guess which it meant.
+        if "," in part and not Path(part).expanduser().exists():
+            raise ValueError(
+                f"{what} entry '{part}' does not exist; separate paths with '{os.pathsep}' or give a JSON list "
+                '(e.g. ["/a", "/b"]), not commas'
+            )
+    return parts
+
+
+def split_names(value: Any, what: str) -> Any:
+    """A JSON list, or a string separated by commas only: hosts and origins carry ':' ('gpu-box.internal:*',
+    'https://gpu-box.internal'), so os.pathsep must not split them."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return _json_list(text, what)
+    return [p.strip() for p in text.split(",") if p.strip()]
