@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 import sys
 import threading
 import time
@@ -102,6 +103,16 @@ class LlamaBackend:
             raise
         self.n_ctx = n_ctx
         self.path = path
+        self.prompt_tokens = 0  # of the last generation: its whole prompt, a cached prefix included
+        generate = self.llm.generate
+
+        def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
+            # every completion (chat template applied) passes its whole prompt here
+            self.prompt_tokens = len(tokens)
+            return generate(tokens, *args, **kwargs)
+
+        self.llm.generate = counted
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return self._thread.submit(fn, *args).result()
@@ -173,7 +184,9 @@ class LlamaBackend:
             "top_k": p.top_k,
             "repeat_penalty": p.repeat_penalty,
             "stop": p.stop or None,
-            "seed": p.seed,
+            # unseeded: a fresh seed, not llama-cpp-python's next one derived from the last (the same sequence
+            # after every restart, and one client's seed deciding the next client's sampling)
+            "seed": p.seed if p.seed is not None else secrets.randbits(31),
             "stream": True,
         }
         if grammar is not None:
@@ -213,7 +226,7 @@ class LlamaBackend:
         return GenOutput(
             text="".join(parts),
             finish_reason=finish,
-            prompt_tokens=n_p,
+            prompt_tokens=self.prompt_tokens or n_p,
             completion_tokens=n_e,
             ttft_s=(first - t0) if first else None,
             prefill_tps=n_p / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None,
