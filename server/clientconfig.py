@@ -22,7 +22,8 @@ def server_command() -> tuple[str, list[str]]:
         return str(exe), ["serve"]
     if found:
         return str(Path(found).resolve()), ["serve"]
-    return str(Path(sys.executable).resolve()), ["-m", "gpubox", "serve"]
+    # Absolute but not resolved: a venv's python is a symlink to the base interpreter, which has no gpubox.
+    return os.path.abspath(sys.executable), ["-m", "gpubox", "serve"]
 
 
 def _path_list(paths: list[Path]) -> str:
