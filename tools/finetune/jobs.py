@@ -8,6 +8,7 @@ recycled pid after a reboot or a long uptime is never mistaken for the job.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import time
@@ -36,9 +37,24 @@ CREATE TABLE IF NOT EXISTS jobs (
     probe_calibrated INTEGER NOT NULL DEFAULT 0
 )
 """
-# columns added after the first release, for stores created before them
-MIGRATIONS = {"probe_calibrated": "ALTER TABLE jobs ADD COLUMN probe_calibrated INTEGER NOT NULL DEFAULT 0"}
+# columns added after the first release, for stores created before them. server_pid/server_started name the
+# server that last put the job in 'starting' and starting_since when, so a start that server never finished (it
+# died, or its spawn failed unseen) is told from one under way
+MIGRATIONS = {
+    "probe_calibrated": "ALTER TABLE jobs ADD COLUMN probe_calibrated INTEGER NOT NULL DEFAULT 0",
+    "server_pid": "ALTER TABLE jobs ADD COLUMN server_pid INTEGER",
+    "server_started": "ALTER TABLE jobs ADD COLUMN server_started REAL",
+    "starting_since": "ALTER TABLE jobs ADD COLUMN starting_since REAL",
+}
 LOG_TAIL_LINES = 30
+# A start (row in 'starting', no pid yet) takes a Popen, a ledger write and a row update, each behind a lock with
+# a 30 s timeout at most; one still without a pid after this long is taken as abandoned even if its server lives
+STARTING_TIMEOUT_S = 600.0
+
+
+def starter() -> dict[str, Any]:
+    """The fields that name this server as the one starting a job now (set with every move into 'starting')."""
+    return {"server_pid": os.getpid(), "server_started": start_time(os.getpid()), "starting_since": time.time()}
 
 
 class JobStore:
@@ -69,10 +85,12 @@ class JobStore:
         return self.jobs_dir / job_id
 
     def create(self, job_id: str, adapter_name: str, base_model: str, method: str, state: str = "starting") -> None:
+        s = starter()
         with self._conn() as c:
             c.execute(
-                "INSERT INTO jobs (id, state, adapter_name, base_model, method, created) VALUES (?,?,?,?,?,?)",
-                (job_id, state, adapter_name, base_model, method, time.time()),
+                "INSERT INTO jobs (id, state, adapter_name, base_model, method, created, server_pid, server_started, "
+                "starting_since) VALUES (?,?,?,?,?,?,?,?,?)",
+                (job_id, state, adapter_name, base_model, method, time.time(), *s.values()),
             )
 
     def get(self, job_id: str) -> dict[str, Any] | None:
@@ -125,7 +143,10 @@ class JobStore:
         row = self.get(job_id)
         if row is None or row["state"] not in ACTIVE or pid_alive(row["pid"], row["pid_started"]):
             return row
-        if row["pid"] is None:  # between its creation and its spawn: being started, not dead
+        if row["pid"] is None:  # between its creation and its spawn: being started, unless that start was abandoned
+            if row["state"] == "starting" and _abandoned(row):
+                self.fail_unstarted(job_id, "its worker was never started (the server starting it stopped or failed)")
+                return self.get(job_id)
             return row
         time.sleep(0.2)  # the worker may be committing its final state right now
         row = self.get(job_id)
@@ -140,8 +161,26 @@ class JobStore:
         self.finish(job_id, "failed", error=f"{first}; {seen}; see log_tail" if first else f"{seen}; see log_tail")
         return self.get(job_id)
 
+    def fail_unstarted(self, job_id: str, error: str) -> bool:
+        """'starting' to 'failed' for a job whose worker never got a pid; False when it has one or moved on."""
+        with self._conn() as c:
+            cur = c.execute(
+                "UPDATE jobs SET state = 'failed', error = ?, finished = ? "
+                "WHERE id = ? AND state = 'starting' AND pid IS NULL",
+                (error, time.time(), job_id),
+            )
+            return cur.rowcount == 1
+
     def active(self) -> list[dict[str, Any]]:
         return [r for jid in self.ids() if (r := self.reconcile(jid)) and r["state"] in ACTIVE]
+
+
+def _abandoned(row: dict[str, Any]) -> bool:
+    """A 'starting' row without a pid whose start nobody is finishing: the server starting it is gone, or it has
+    been starting for longer than any start takes (rows from before the columns existed: since their creation)."""
+    if row["server_pid"] is not None and not pid_alive(row["server_pid"], row["server_started"]):
+        return True
+    return time.time() - (row["starting_since"] or row["created"]) > STARTING_TIMEOUT_S
 
 
 def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -24,7 +24,7 @@ from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics
+from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics, starter
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
 from gpubox.tools.finetune.status import next_step, read_status
@@ -191,11 +191,21 @@ class Finetuner:
                 self._enqueue(job_id)
             else:
                 self.supervisor.spawn(job_id)
-        except BaseException:
+        except BaseException as exc:
             self.ledger.release(owner)
             self.ledger.leave_queue(owner)  # a place taken above for a job that was never written
+            self.queue.cancel(job_id)
+            # a row written above must not stay 'starting' (or 'queued') with no worker: that blocks every launch
+            self._failed_to_start(job_id, "queued" if waits else "starting", exc)
             raise
         return self.status(job_id)
+
+    def _failed_to_start(self, job_id: str, state: str, exc: BaseException) -> None:
+        """Mark a job whose start raised as failed (a no-op when its row was never written or has moved on)."""
+        with contextlib.suppress(Exception):  # the database may be what failed: reconcile's timeout catches it then
+            self.store.transition(
+                job_id, state, "failed", error=f"its worker could not be started: {exc!r}", finished=time.time()
+            )
 
     def _enqueue(self, job_id: str) -> None:
         cfg = json.loads((self.store.job_dir(job_id) / "config.json").read_text(encoding="utf-8"))
@@ -212,10 +222,14 @@ class Finetuner:
                 self.ledger.release(admission.owner(job_id))
                 self._enqueue(job_id)  # in line again, for the one training slot
                 return
-            if not self.store.transition(job_id, "queued", "starting"):  # cancelled meanwhile
+            if not self.store.transition(job_id, "queued", "starting", **starter()):  # cancelled meanwhile
                 self.ledger.release(admission.owner(job_id))
                 return
-            self.supervisor.spawn(job_id)
+            try:
+                self.supervisor.spawn(job_id)
+            except BaseException as exc:  # the queue's waiter releases the memory; the row must not stay starting
+                self._failed_to_start(job_id, "starting", exc)
+                raise
 
     def _fail_queued(self, job_id: str, why: str) -> None:
         self.store.finish(job_id, "failed", error=why)
@@ -322,8 +336,9 @@ class Finetuner:
             (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
             self.store.update(job_id, state="starting", error=None, finished=None)
             self.supervisor.spawn(job_id)
-        except BaseException:
+        except BaseException as exc:
             self.ledger.release(admission.owner(job_id))
+            self._failed_to_start(job_id, "starting", exc)
             raise
         return self.status(job_id)
 
