@@ -34,11 +34,13 @@ def _path_list(paths: list[Path]) -> str:
 def stdio_env(settings: Settings) -> dict[str, str]:
     # The stdio child's environment is allow-listed by MCP clients: pass what the server needs.
     env = {
-        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
         "GPUBOX_STATE_DIR": str(settings.state_dir),
         "GPUBOX_ALLOWED_ROOTS": _path_list(settings.allowed_roots),
         "HF_HUB_OFFLINE": "1",
     }
+    # Only a restriction the installing shell has: a default would hide every GPU but the first.
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     if settings.model_dirs:
         env["GPUBOX_MODEL_DIRS"] = _path_list(settings.model_dirs)
     if settings.tools:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpubox import clientconfig
+from gpubox.settings import Settings
 
 
 def test_the_python_command_is_the_venv_link_not_the_base_interpreter(
@@ -21,3 +22,13 @@ def test_the_python_command_is_the_venv_link_not_the_base_interpreter(
     monkeypatch.setattr(sys, "executable", str(venv_python))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert clientconfig.server_command() == (str(venv_python), ["-m", "gpubox", "serve"])
+
+
+def test_cuda_visible_devices_is_passed_only_when_the_installer_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "CUDA_VISIBLE_DEVICES" not in clientconfig.stdio_env(settings)  # every GPU stays visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    assert clientconfig.stdio_env(settings)["CUDA_VISIBLE_DEVICES"] == "1,2"
