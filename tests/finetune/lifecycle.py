@@ -3,6 +3,10 @@ directly, so a job's bookkeeping (rows, ledger, watcher) runs for real without p
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 from pathlib import Path
 
 from gpubox.settings import Settings
@@ -52,3 +56,14 @@ def write_plan(ft: Finetuner, plan_id: str, gb: float = 1.5) -> str:
     )
     (ft.plans_dir / f"{plan_id}.json").write_text(plan.model_dump_json(), encoding="utf-8")
     return plan_id
+
+
+def sleeping_worker(_job_dir: Path, _nproc: int, _device: str) -> list[str]:
+    """launcher.command's stand-in: a worker that runs until the test kills it (or 10 minutes pass)."""
+    return [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def kill(pid: int) -> None:
+    """End a worker's process group (it runs in its own session, as the supervisor starts it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

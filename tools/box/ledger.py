@@ -291,8 +291,13 @@ class Ledger:
         """1-based place in the memory queue, None when not queued."""
         return self._queue.position(owner)
 
-    def release(self, owner: str) -> bool:
+    def release(self, owner: str, *, pid: int | None = None, pid_started: float | None = None) -> bool:
+        """Give `owner`'s memory back. With `pid` (and its start time), only while that process holds it: the
+        watcher of an exited worker must not release what a worker started after it under the same name holds."""
         with self._cond:
+            h = self._holdings.get(owner)
+            if h is not None and pid is not None and not _held_by(h, pid, pid_started):
+                return False
             h = self._holdings.pop(owner, None)
             if h is not None:
                 self._save()
@@ -378,6 +383,11 @@ class Ledger:
         with self._cond:
             pids = self._owned_pids()
         return self.read(pids)
+
+
+def _held_by(h: Holding, pid: int, started: float | None) -> bool:
+    same_start = started is None or h.pid_started is None or abs(h.pid_started - started) < 1.0
+    return h.pid == pid and same_start
 
 
 def device_of(plan_device: str, gpus: int = 1) -> list[str]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpubox.tools.box.capacity import pid_alive
+from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.finetune import admission, launcher
 from gpubox.tools.finetune.jobs import JobStore, append_metric, exited, gone, read_metrics
@@ -78,7 +78,7 @@ class Supervisor:
             raise
         # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
         # that stops while the job trains on does not warn about a child still running
-        self._watch(job_id, lambda timeout: exited(proc, timeout))
+        self._watch(job_id, proc.pid, start_time(proc.pid), lambda timeout: exited(proc, timeout))
 
     def wait_settled(self, job_id: str, timeout: float) -> None:
         """Wait until a job this process watched has its measurements recorded (no wait for any other job)."""
@@ -86,10 +86,10 @@ class Supervisor:
         if watched is not None:
             watched.wait(timeout)
 
-    def _watch(self, job_id: str, exited: Callable[[float], bool]) -> None:
-        """Until the worker exits: resize its reservation to the probe's measurement once taken; then release its
-        memory and record what it measured as calibrations (writes happen here, where the state changes, so
-        finetune_status stays a pure read)."""
+    def _watch(self, job_id: str, pid: int, started: float | None, exited: Callable[[float], bool]) -> None:
+        """Until the worker (`pid`, started at `started`) exits: resize its reservation to the probe's measurement
+        once taken; then release its memory and record what it measured as calibrations (writes happen here,
+        where the state changes, so finetune_status stays a pure read)."""
         settled = self._settled[job_id] = threading.Event()
 
         def run() -> None:
@@ -97,12 +97,13 @@ class Supervisor:
             try:
                 while not exited(2.0):
                     resized = resized or self._resize_from_probe(job_id)
-                self.ledger.release(admission.owner(job_id))
+                # only this worker's holding: a finetune_resume may already have reserved the same owner name
+                # for the next worker (the ledger prunes a dead worker's holding itself, should this not run)
+                self.ledger.release(admission.owner(job_id), pid=pid, pid_started=started)
                 self._settle(job_id)
             except Exception:  # a damaged job folder must not kill the watcher silently
                 log.exception("watching fine-tune job %s", job_id)
             finally:
-                self.ledger.release(admission.owner(job_id))
                 settled.set()
 
         threading.Thread(target=run, name=f"finetune-watch-{job_id}", daemon=True).start()
@@ -150,7 +151,7 @@ class Supervisor:
             try:
                 if row["state"] in ACTIVE and pid_alive(row["pid"], row["pid_started"]):
                     pid, started = row["pid"], row["pid_started"]
-                    self._watch(row["id"], lambda t, p=pid, s0=started: gone(p, s0, t))
+                    self._watch(row["id"], pid, started, lambda t, p=pid, s0=started: gone(p, s0, t))
                 elif not row["calibrated"] or not row["probe_calibrated"]:
                     self._settle(row["id"])
             except Exception:
