@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,20 +200,48 @@ def _backup(path: Path, now: datetime) -> Path:
     return target
 
 
+def _write_target(path: Path) -> Path:
+    """The file to replace: a symlinked config (dotfiles managers) is written through to what it points at, so
+    the link stays a link; a read-only file is refused, not silently replaced."""
+    try:
+        target = path.resolve() if path.is_symlink() else path
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise ConfigError(f"{path} is a symlink that cannot be followed ({exc}); fix the link") from None
+    if target.is_file():
+        st = target.stat()
+        # Root passes os.access on any file, so the owner's write bit is checked too: a 0444 file was made
+        # read-only on purpose.
+        if not os.access(target, os.W_OK) or not st.st_mode & stat.S_IWUSR:
+            shown = path if target == path else f"{path} (a link to {target})"
+            raise ConfigError(
+                f"{shown} is read-only; gpubox will not replace it. Make it writable (chmod u+w), or add the "
+                "entry by hand (`--print` shows it). The file was not changed."
+            )
+    return target
+
+
 def _write(path: Path, text: str, secret: bool, now: datetime) -> Path | None:
-    """Back up, then replace atomically; the old mode is kept (tightened to 0600 when a token is inside)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existed = path.is_file()
-    backup = _backup(path, now) if existed else None
-    mode = path.stat().st_mode & 0o777 if existed else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Back up (beside `path`), then replace atomically; the old mode is kept (tightened to 0600 when a token is
+    inside)."""
+    target = _write_target(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        existed = target.is_file()
+        backup = _backup(path, now) if existed else None
+        mode = target.stat().st_mode & 0o777 if existed else 0o644
+        # The temporary file sits beside the target: os.replace is atomic only within one file system.
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path} ({exc.strerror or exc}); check its folder's permissions") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, mode & ~0o077 if secret else mode)
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, target)
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write {path} ({exc.strerror or exc}); the file was not changed") from None
         raise
     return backup
 

@@ -249,3 +249,25 @@ def test_cli_remote_reads_the_token_file(
     assert "--token-file goes with --remote" in capsys.readouterr().err
     assert _cli(monkeypatch, home, "install", "--client", "cursor", "--remote", "gpu-box:8765") == 2
     assert "not an http(s) URL" in capsys.readouterr().err
+
+
+def test_a_symlinked_config_is_written_through_and_stays_a_link(env: dict[str, str], tmp_path: Path) -> None:
+    target = tmp_path / "dotfiles" / "cursor-mcp.json"
+    _seed("cursor", target)
+    link = config_path("cursor", env, "linux")
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    outcome = install("cursor", SERVER, env, "linux", now=T0)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert set(_servers("cursor", target)) == {"docs", "gpubox"}
+    assert outcome.backup is not None and "gpubox" not in json.loads(outcome.backup.read_text())["mcpServers"]
+    assert not list(target.parent.glob(".cursor-mcp.json.*"))  # no temporary file left beside the target
+
+
+def test_a_read_only_config_is_refused_and_left_untouched(env: dict[str, str]) -> None:
+    path = config_path("codex", env, "linux")
+    before = _seed("codex", path)
+    path.chmod(0o444)
+    with pytest.raises(ConfigError, match="read-only"):
+        install("codex", SERVER, env, "linux", now=T0)
+    assert path.read_text() == before and not _backups(path)
