@@ -18,6 +18,7 @@ import anyio
 import httpx
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.tools.serve.chunks import quote
 from gpubox.tools.serve.schemas import EngineMetrics
 
 # vLLM's Prometheus names (https://docs.vllm.ai/en/latest/design/metrics.html); KV usage was renamed in v1
@@ -142,19 +143,26 @@ def metrics(base_url: str, api_key: str | None, timeout: float = 5.0) -> EngineM
 
 
 async def stream(
-    base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
+    base_url: str,
+    api_key: str | None,
+    path: str,
+    body: dict[str, Any],
+    timeout: float,
+    who: str | None = None,
+    fix: str = "check the server",
 ) -> AsyncGenerator[dict[str, Any], None]:
-    """POST with stream=true and yield each server-sent JSON chunk; a connection failure is a BusyError."""
+    """POST with stream=true and yield each server-sent JSON chunk until [DONE]; a connection failure is a
+    BusyError, a stream that ends without [DONE] a StreamEnded, a line that is not JSON or longer than MAX_LINE an
+    InvalidInputError. `who` names the engine in those errors and `fix` says what to do."""
+    who = who or f"the engine at {base_url}"
     try:
         # closed with this generator, not later by the interpreter's async-generator cleanup: the connection (and
         # the engine's work on the request) ends the moment the caller stops reading
-        async with contextlib.aclosing(_stream(base_url, api_key, path, body, timeout)) as chunks:
+        async with contextlib.aclosing(_stream(base_url, api_key, path, body, timeout, who, fix)) as chunks:
             async for chunk in chunks:
                 yield chunk
     except httpx.HTTPError as exc:
-        raise BusyError(
-            f"the engine at {base_url} did not answer ({type(exc).__name__}: {exc}); serve_status shows its state"
-        ) from None
+        raise BusyError(f"{who} did not answer ({type(exc).__name__}: {exc}); serve_status shows its state") from None
 
 
 # One pooled client per engine and event loop while requests to it are in flight: concurrent requests share
@@ -193,7 +201,7 @@ async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _stream(
-    base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float
+    base_url: str, api_key: str | None, path: str, body: dict[str, Any], timeout: float, who: str, fix: str
 ) -> AsyncGenerator[dict[str, Any], None]:
     url, limit = base_url.rstrip("/") + path, httpx.Timeout(timeout, connect=10.0)
     async with (
@@ -203,15 +211,91 @@ async def _stream(
         if r.status_code != 200:
             text = (await r.aread()).decode("utf-8", "replace")[:800]
             if r.status_code == 429 or r.status_code == 503:
-                raise BusyError(f"the engine is overloaded (HTTP {r.status_code}): {text}")
-            raise InvalidInputError(f"the engine refused the request (HTTP {r.status_code}): {text}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            try:
-                yield json.loads(data)
-            except ValueError:
-                continue
+                raise BusyError(f"{who} is overloaded (HTTP {r.status_code}): {text}")
+            raise InvalidInputError(f"{who} refused the request (HTTP {r.status_code}): {text}")
+        if r.headers.get("content-type", "").startswith("application/json"):
+            # a server that ignores stream=true answers one JSON completion: read as one chunk of a stream
+            yield _as_chunk(await _read_capped(r, who, fix), who, fix)
+            return
+        lines, events = _Lines(who, fix), 0
+        async for part in r.aiter_bytes():
+            for line in lines.feed(part):
+                if not line.startswith(b"data:"):
+                    continue  # SSE comments (keep-alives), event names, blank separators
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                if not data:
+                    continue
+                events += 1
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise InvalidInputError(
+                        f"{who} sent a chunk that is not JSON: {quote(data.decode('utf-8', 'replace'))}; {fix}"
+                    ) from None
+                yield chunk
+        what = f"closed its stream after {events} chunks without [DONE]" if events else "sent no chunk (no 'data:')"
+        raise StreamEnded(f"{who} {what}: the answer is incomplete; retry, or {fix}")
+
+
+class StreamEnded(BusyError):
+    """The stream closed before [DONE]: an answer cut short (a crash, a proxy's timeout), unless a chunk had
+    already given its finish_reason."""
+
+
+# One server-sent line: a chunk of one token is a few hundred bytes. A server that sends a line without end
+# (300 MB were seen) is refused here instead of held whole in memory.
+MAX_LINE = 2**20
+
+
+class _Lines:
+    """Split a byte stream into lines with a cap on each (httpx's aiter_lines buffers a line whatever its size)."""
+
+    def __init__(self, who: str, fix: str) -> None:
+        self.buf = bytearray()
+        self.who, self.fix = who, fix
+
+    def feed(self, part: bytes) -> list[bytes]:
+        self.buf += part
+        out: list[bytes] = []
+        start = 0
+        while (end := self.buf.find(b"\n", start)) >= 0:
+            self._check(end - start)
+            out.append(bytes(self.buf[start:end]).rstrip(b"\r"))
+            start = end + 1
+        del self.buf[:start]
+        self._check(len(self.buf))
+        return out
+
+    def _check(self, size: int) -> None:
+        if size > MAX_LINE:
+            raise InvalidInputError(
+                f"{self.who} sent a line longer than {MAX_LINE // 2**20} MB, which no OpenAI-compatible stream "
+                f"does; the request was ended; {self.fix}"
+            )
+
+
+async def _read_capped(r: httpx.Response, who: str, fix: str) -> bytes:
+    body = bytearray()
+    async for part in r.aiter_bytes():
+        body += part
+        if len(body) > MAX_BODY:
+            raise InvalidInputError(f"{who} answered more than {MAX_BODY // 2**20} MB; {fix}")
+    return bytes(body)
+
+
+def _as_chunk(raw: bytes, who: str, fix: str) -> Any:
+    """A whole completion as a stream's chunk: each chat choice's `message` becomes its `delta` (a completion's
+    `text` is the same in both). Its shape is checked with every other chunk's (chunks.parse)."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise InvalidInputError(
+            f"{who} answered JSON that does not parse: {quote(raw.decode('utf-8', 'replace'))}; {fix}"
+        ) from None
+    if isinstance(answer, dict) and isinstance(answer.get("choices"), list):
+        answer["choices"] = [
+            {**c, "delta": c.get("message")} if isinstance(c, dict) and "message" in c else c for c in answer["choices"]
+        ]
+    return answer

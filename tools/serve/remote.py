@@ -16,15 +16,30 @@ from typing import Any
 
 import anyio
 
-from gpubox.errors import InvalidInputError
+from gpubox.errors import BusyError, InvalidInputError
 from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 from gpubox.tools.inference.service import FILLER, drive, timing
 from gpubox.tools.serve import client
+from gpubox.tools.serve.chunks import BadChunk, parse, quote
 from gpubox.tools.serve.liveness import Liveness, watching
 from gpubox.tools.serve.schemas import EngineRecord
+
+# An hour for one answer, whatever the server streams: a slow engine (a CPU, a queue) is waited on while it
+# answers its health probe (liveness.py), but never without end. A module figure, not a Settings field (the
+# settings module is not the serving family's to change).
+REQUEST_DEADLINE_S = 3600.0
+EVENT_MARGIN = 16
+MAX_CHARS_PER_TOKEN = 256  # the longest tokens of common vocabularies (runs of spaces, '=') are far shorter
+
+
+def _fix(rec: EngineRecord) -> str:
+    """What to do about an engine that does not answer as an OpenAI-compatible server should."""
+    if rec.engine == "vllm":
+        return f"serve_status engine_id='{rec.id}' include_log=true shows the engine's log"
+    return f"check the server at {rec.base_url}, or serve_stop engine_id='{rec.id}' to detach it"
 
 
 def request_body(
@@ -63,31 +78,58 @@ async def generate(
     t0 = time.perf_counter()
     first: float | None = None
     text: list[str] = []
-    finish = "stop"
-    usage: dict[str, Any] = {}
-    chunks = 0
+    finish: str | None = None  # complete only with a finish_reason or [DONE]: else the stream was cut short
+    usage: dict[str, int] = {}
+    chunks = events = size = 0
     body = request_body(rec, messages, prompt, p, model)
-    # closed on the spot when the MCP call is cancelled (even while a progress report is being sent): the engine
-    # sees its connection drop and aborts the request
-    async with (
-        watching(live) as touch,
-        contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout)) as sse,
-    ):
-        async for chunk in sse:
-            touch()
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") if messages is not None else choice.get("text")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-                    chunks += 1
-                    if report is not None:
-                        await report(float(chunks), float(p.max_tokens), piece)
-                finish = choice.get("finish_reason") or finish
+    who, fix = f"engine {rec.id} ('{rec.model}' at {rec.base_url})", _fix(rec)
+    # a server that streams past max_tokens is not read on: each token is one event on every known server (a
+    # margin for the role, finish and usage events), and the text no more than MAX_CHARS_PER_TOKEN a token
+    max_events = p.max_tokens + max(EVENT_MARGIN, p.max_tokens // 4)
+    max_chars = p.max_tokens * MAX_CHARS_PER_TOKEN
+    deadline = REQUEST_DEADLINE_S
+    try:
+        with anyio.fail_after(deadline):
+            # closed on the spot when the MCP call is cancelled (even while a progress report is being sent): the
+            # engine sees its connection drop and aborts the request
+            async with (
+                watching(live) as touch,
+                contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout, who, fix)) as sse,
+            ):
+                try:
+                    async for raw in sse:
+                        touch()
+                        events += 1
+                        try:
+                            chunk = parse(raw, chat=messages is not None)
+                        except BadChunk as exc:
+                            raise InvalidInputError(
+                                f"{who} sent a malformed chunk ({exc}): {quote(raw)}; {fix}"
+                            ) from None
+                        usage = chunk.usage or usage
+                        for piece in chunk.pieces:
+                            first = first or time.perf_counter()
+                            text.append(piece)
+                            chunks += 1
+                            size += len(piece)
+                            if report is not None:
+                                await report(float(chunks), float(p.max_tokens), piece)
+                        finish = chunk.finish or finish
+                        if events > max_events or size > max_chars:
+                            finish = "length"  # the server went on past max_tokens: the connection is dropped
+                            break
+                except client.StreamEnded:
+                    if finish is None:
+                        raise
+    except TimeoutError:
+        raise BusyError(
+            f"{who} did not finish its answer within {deadline:g} s (max_tokens={p.max_tokens}); lower max_tokens, "
+            f"or {fix}"
+        ) from None
+    finish = finish or "stop"  # [DONE] came: a server that gives no finish_reason ended the answer itself
     end = time.perf_counter()
     out = "".join(text)
-    completion = int(usage.get("completion_tokens") or chunks)
+    completion = usage.get("completion_tokens") or chunks
     decode = (completion - 1) / (end - first) if first and completion > 1 and end > first else None
     parsed = None
     if p.json_schema is not None and finish == "stop":
@@ -100,7 +142,7 @@ async def generate(
         model=model or rec.model,
         text=out,
         finish_reason="length" if finish == "length" else "stop",
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        prompt_tokens=usage.get("prompt_tokens") or 0,
         completion_tokens=completion,
         time_to_first_token_s=round(first - t0, 4) if first else None,
         prefill_tokens_per_s=None,
