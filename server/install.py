@@ -133,9 +133,16 @@ def config_path(client: Client, env: Mapping[str, str], platform: str) -> Path:
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InvalidInputError(f"--remote {url!r} is not an http(s) URL; e.g. http://127.0.0.1:8765/mcp")
+    example = "e.g. http://127.0.0.1:8765/mcp (an IPv6 address in brackets: http://[::1]:8765/mcp)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is not a number or is above 65535
+    except ValueError as exc:
+        raise InvalidInputError(f"--remote {url!r} is not a valid URL ({exc}); {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInputError(f"--remote {url!r} is not an http(s) URL; {example}")
+    if port == 0:
+        raise InvalidInputError(f"--remote {url!r}: port 0 cannot be connected to; use the server's port (1-65535)")
     return url
 
 
@@ -164,9 +171,23 @@ def _redact(text: str, server: Stdio | Remote) -> str:
     return text
 
 
+def _read(path: Path) -> str:
+    """The file's text, "" when it does not exist; ConfigError for one that is not UTF-8 or cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else ""
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); gpubox will not rewrite it: save it as "
+            "UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`), or add the entry by hand (`--print` shows it). "
+            "The file was not changed."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); check its permissions") from None
+
+
 def _load_json(path: Path, servers_key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(whole document, its servers map); {} for a missing or empty file."""
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    text = _read(path)
     if not text.strip():
         return {}, {}
     try:
@@ -264,7 +285,7 @@ def install(
     value = entry(client, server)
     key = _SERVERS_KEY[client]
     if client == "codex":
-        old_text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        old_text = _read(path)
         current = tomledit.parse(old_text, path).get(key, {})
         unchanged = isinstance(current, dict) and current.get(name) == value
         preview = tomledit.render((key, name), value)
@@ -295,7 +316,7 @@ def uninstall(
     path = config_path(client, env, platform)
     key = _SERVERS_KEY[client]
     if client == "codex":
-        old_text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        old_text = _read(path)
         current = tomledit.parse(old_text, path).get(key, {})
         present = isinstance(current, dict) and name in current
         new_text = tomledit.remove_table(old_text, (key, name), path) if present else ""

@@ -58,7 +58,8 @@ def _server(ns: argparse.Namespace, load_settings: LoadSettings) -> Stdio | Remo
 
         command, args = server_command()
         return Stdio(command, args, stdio_env(load_settings(ns)))
-    from gpubox.settings import is_loopback, read_token_file
+    from gpubox.configfiles import read_token_file
+    from gpubox.settings import is_loopback
 
     url = check_url(ns.remote)
     token = read_token_file(ns.remote_token_file) if ns.remote_token_file else None

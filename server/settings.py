@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gpubox.configfiles import check_toml, read_token_file
 from gpubox.envlists import split_names, split_paths
 from gpubox.errors import ConfigError
 
@@ -33,21 +34,6 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "gpubox"
-
-
-def read_token_file(path: Path) -> str:
-    """The first line of a token file, stripped; ConfigError if it is unreadable, not UTF-8 or empty."""
-    try:
-        first = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise ConfigError(f"token_file {path} is not UTF-8 text; put the token on its first line") from None
-    except OSError as exc:
-        raise ConfigError(
-            f"token_file {path} cannot be read ({exc.strerror}); check it exists and its permissions"
-        ) from None
-    if first and first[0].strip():
-        return first[0].strip()
-    raise ConfigError(f"token_file {path} is empty; put the token on its first line")
 
 
 def is_loopback(host: str) -> bool:
@@ -380,8 +366,8 @@ class Settings(BaseSettings):
         path = Path(config_file) if config_file else None
         if path is None and os.environ.get("GPUBOX_CONFIG"):
             path = Path(os.environ["GPUBOX_CONFIG"])
-        if path is not None and not path.is_file():
-            raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+        if path is not None:
+            check_toml(path)
         token = _CONFIG_FILE.set(path)
         try:
             return cls(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,41 @@
+"""Reading the files settings point at: the TOML config file and the bearer-token file.
+
+Each failure is a ConfigError naming the file and the fix, never a decoder's traceback.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from gpubox.errors import ConfigError
+
+
+def read_token_file(path: Path) -> str:
+    """The first line of a token file, stripped; ConfigError if it is unreadable, not UTF-8 or empty."""
+    try:
+        first = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"token_file {path} is not UTF-8 text; put the token on its first line") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"token_file {path} cannot be read ({exc.strerror}); check it exists and its permissions"
+        ) from None
+    if first and first[0].strip():
+        return first[0].strip()
+    raise ConfigError(f"token_file {path} is empty; put the token on its first line")
+
+
+def check_toml(path: Path) -> None:
+    """ConfigError naming the file when it is missing, unreadable or not TOML (pydantic-settings would raise
+    tomllib's own error, a traceback at the CLI)."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+    try:
+        tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text; save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML ({exc}); fix it") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); check its permissions") from None
