@@ -19,9 +19,11 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from gpubox.errors import InvalidInputError
+from gpubox.errors import BusyError, InvalidInputError
 from gpubox.settings import Settings
 from gpubox.tools.serve import client, remote
+from gpubox.tools.serve.engines import EngineManager
+from gpubox.tools.serve.schemas import EngineStatus
 from tests.conftest import call_err, call_ok
 
 pytestmark = pytest.mark.anyio
@@ -243,3 +245,45 @@ def test_lines_end_at_crlf_and_one_over_the_cap_is_refused() -> None:
     assert lines.feed(b"data: 1\r\ndata: ") == [b"data: 1"]
     with pytest.raises(InvalidInputError, match="engine x sent a line longer than 1 MB"):
         lines.feed(b"y" * client.MAX_LINE)
+
+
+@pytest.mark.parametrize(
+    ("models", "said"),
+    [(({"data": "oops"}, 200), "did not return an OpenAI model list"), (({}, 401), "refused the API key")],
+    ids=["malformed", "401"],
+)
+async def test_an_engine_whose_model_list_breaks_is_unhealthy_and_does_not_break_serve_list(
+    tmp_path: Path, models: tuple[Any, int], said: str
+) -> None:
+    with serving() as good, serving() as bad:
+        bad.models = ({"data": [{"id": "other"}]}, 200)
+        async with attached(tmp_path, good) as (c, good_id):
+            bad_id = (await call_ok(c, "serve_attach", base_url=bad.url))["id"]
+            bad.models = models  # /health still answers 200
+            st = await call_ok(c, "serve_status", engine_id=bad_id)
+            assert not st["healthy"] and said in st["error"] and st["served_models"] == [], st
+            listed = {e["id"]: e for e in (await call_ok(c, "serve_list"))["engines"]}
+            assert listed[good_id]["healthy"] and listed[good_id]["served_models"] == ["fake"]
+            assert not listed[bad_id]["healthy"] and said in listed[bad_id]["error"], listed[bad_id]
+            # requests still go to it: its chat answers whatever its model list says
+            assert (await call_ok(c, "infer_chat", model="other", messages=say("finished")))["text"] == "ok"
+
+
+async def test_serve_list_lists_an_engine_whose_status_fails_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serving() as good, serving() as bad:
+        bad.models = ({"data": [{"id": "other"}]}, 200)
+        async with attached(tmp_path, good) as (c, good_id):
+            bad_id = (await call_ok(c, "serve_attach", base_url=bad.url))["id"]
+            status = EngineManager.status
+
+            def failing(self: EngineManager, engine_id: str, include_log: bool = False) -> EngineStatus:
+                if engine_id == bad_id:  # whatever gpubox error one engine's status meets
+                    raise BusyError("its record is locked")
+                return status(self, engine_id, include_log)
+
+            monkeypatch.setattr(EngineManager, "status", failing)
+            listed = {e["id"]: e for e in (await call_ok(c, "serve_list"))["engines"]}
+            assert listed[good_id]["healthy"]
+            assert not listed[bad_id]["healthy"] and listed[bad_id]["error"] == "its record is locked"

@@ -12,10 +12,10 @@ from pydantic import Field
 
 from gpubox import services
 from gpubox.confirm import Confirmation, ask, go_ahead, require
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, NotFoundError
 from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.tools.serve.plan import Overrides
-from gpubox.tools.serve.schemas import EngineList, EngineStatus
+from gpubox.tools.serve.schemas import EngineList, EngineRecord, EngineStatus
 
 EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$")]
 
@@ -101,7 +101,19 @@ def register(mcp: MCPServer[Any]) -> None:
         engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
 
         def all_status() -> EngineList:
-            return EngineList(engines=[engines.status(r.id) for r in engines.records() if r.state != "stopped"])
+            return EngineList(engines=[st for r in engines.records() if r.state != "stopped" and (st := one(r))])
+
+        def one(rec: EngineRecord) -> EngineStatus | None:
+            """One engine's status; one that cannot be read is listed with why, so it cannot fail the list."""
+            try:
+                return engines.status(rec.id)
+            except NotFoundError:
+                return None  # detached or swept since the records were read
+            except GpuboxError as exc:
+                return EngineStatus(
+                    id=rec.id, engine=rec.engine, model=rec.model, state=rec.state, healthy=False,
+                    base_url=rec.base_url, error=str(exc), next_step=f"serve_status engine_id='{rec.id}' shows it",
+                )  # fmt: skip
 
         return await anyio.to_thread.run_sync(all_status)
 

@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
 from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, ProbeFlights, answered, restart_hint
 from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
-from gpubox.tools.serve.schemas import EngineRecord, EngineState, EngineStatus, ServePlan
+from gpubox.tools.serve.schemas import EngineMetrics, EngineRecord, EngineState, EngineStatus, ServePlan
 
 log = logging.getLogger("gpubox.serve")
 # what a live engine holds its name and port in; an unresponsive one may still answer again
@@ -330,6 +330,14 @@ class EngineManager:
         if healthy and rec.engine == "vllm":
             self.ledger.observe(owner(rec.id))  # its peak, for the next start of the same configuration
         held = self.ledger.holding(owner(rec.id))
+        served: list[str] = []
+        metrics: EngineMetrics | None = None
+        error = rec.error
+        try:  # a server whose /health answers may still refuse its model list (a key, a proxy): reported, not raised
+            served = client.models(rec.base_url, rec.api_key) if healthy else []
+            metrics = client.metrics(rec.base_url, rec.api_key) if healthy else None
+        except GpuboxError as exc:
+            healthy, error = False, f"its health probe answers but its model list does not: {exc}"
         return EngineStatus(
             id=rec.id,
             engine=rec.engine,
@@ -338,12 +346,12 @@ class EngineManager:
             healthy=healthy,
             base_url=rec.base_url,
             api_key=rec.api_key,
-            served_models=client.models(rec.base_url, rec.api_key) if healthy else [],
+            served_models=served,
             uptime_s=round(time.time() - rec.started, 1),
             memory_gb=held.devices if held else {},
-            metrics=client.metrics(rec.base_url, rec.api_key) if healthy else None,
+            metrics=metrics,
             plan=rec.plan,
-            error=rec.error,
+            error=error,
             log_tail=log_tail(rec.log_path) if include_log or rec.state == "failed" else None,
             next_step=_next_step(rec),
         )
