@@ -22,8 +22,24 @@ def read_token_file(path: Path) -> str:
             f"token_file {path} cannot be read ({exc.strerror}); check it exists and its permissions"
         ) from None
     if first and first[0].strip():
-        return first[0].strip()
+        return check_token(first[0].strip(), f"the token in {path}")
     raise ConfigError(f"token_file {path} is empty; put the token on its first line")
+
+
+def check_token(token: str, source: str) -> str:
+    """`token` when every character is printable ASCII without spaces; ConfigError otherwise. HTTP headers are
+    Latin-1 and clients (httpx) refuse non-ASCII ones, so such a token would start the server and let no client in.
+    Tokens must not be echoed: the message names only the position of the first bad character."""
+    for i, ch in enumerate(token):
+        if not "!" <= ch <= "~":
+            what = "a space" if ch == " " else f"U+{ord(ch):04X}"
+            raise ConfigError(
+                f"{source} has a character a client cannot send in an Authorization header (position {i + 1}: "
+                f"{what}); use printable ASCII without spaces, best the "
+                "RFC 6750 token68 characters (letters, digits, - . _ ~ + / and trailing =), e.g. "
+                "`head -c 32 /dev/urandom | base64`"
+            )
+    return token
 
 
 def check_toml(path: Path) -> None:

@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from gpubox.configfiles import check_toml, read_token_file
+from gpubox.configfiles import check_token, check_toml, read_token_file
 from gpubox.envlists import split_names, split_paths
 from gpubox.errors import ConfigError
 
@@ -351,7 +351,7 @@ class Settings(BaseSettings):
             value = self.token.get_secret_value().strip()
             if not value:  # a blank token must not pass for "auth configured"
                 raise ConfigError("the token (GPUBOX_TOKEN / --token) is blank; set a real token or unset it")
-            return value
+            return check_token(value, "the token (GPUBOX_TOKEN / --token)")
         if self.token_file is not None:
             return read_token_file(self.token_file)
         return None
