@@ -135,6 +135,8 @@ class ModelManager:
                 "kv_cache_type": kv_cache_type, "quantization": quantization, "adapter": adapter,
                 "keep_alive_s": keep_alive_s, "pin": pin}  # fmt: skip
         d, adapter_d, chosen = self._resolve(name, backend, adapter)
+        if quantization and d.format == "gguf":  # refused before a loaded copy is unloaded for it
+            raise InvalidInputError("4/8-bit quantisation needs an HF folder, not a GGUF file (transformers limit)")
         key = adapter_d.name if adapter_d else d.name
         with self._changed:
             while key in self._loading:  # one load per key; other keys load in parallel
@@ -143,9 +145,11 @@ class ModelManager:
                 return None
             self._loading[key] = 0.0
             self._loads_started += 1
+            before = self.resident.get(key)
+        failed = True
         try:
-            self.unload(key, missing_ok=True, forget=False)
             self._check_files(d, adapter_d)
+            self.unload(key, missing_ok=True, forget=False)
             estimate = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
             mkey = config_key(d, estimate, adapter_d, quantization)
             p = with_last_load(estimate, self.measured.known(mkey))
@@ -172,12 +176,23 @@ class ModelManager:
             with self._lock:
                 self.resident[key] = r
                 self._respawn.pop(key, None)
+            failed = False
         finally:
             with self._changed:
                 self._loading.pop(key, None)
                 self._changed.notify_all()
+            if failed and before is not None:
+                self._restore(before.spec)
         entry = self.entry(adapter_d or d)
         return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
+
+    def _restore(self, spec: dict[str, Any]) -> None:
+        """A reload that failed (no room for the new settings, a backend that refused them) unloaded the working
+        copy: load it again as it was, pinned if it was, so a rejected change costs nothing but the time."""
+        try:
+            self._load(**spec, if_absent=True)
+        except Exception:
+            log.exception("loading %s again with its earlier settings", spec.get("name"))
 
     def _alone(self, key: str, started: int) -> Callable[[], bool]:
         """Whether the load of `key` is the only one in flight and none started since `started`."""
