@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -204,6 +205,14 @@ def read_metrics(job_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line being written right now
     return out
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write a JSON file whole or not at all (a temporary file in the same folder, renamed over it): the server
+    reads a job's config.json while its worker rewrites it, and must never see it half written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def append_metric(job_dir: Path, record: dict[str, Any]) -> None:

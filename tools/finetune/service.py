@@ -24,7 +24,7 @@ from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics, starter
+from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics, starter, write_json
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
 from gpubox.tools.finetune.status import next_step, read_status
@@ -333,7 +333,7 @@ class Finetuner:
         needs = admission.needs_of(self.load_plan(cfg["plan_id"]))
         self.ledger.reserve(admission.owner(job_id), "finetune", needs, admission.frees(job_id))
         try:
-            (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+            write_json(job_dir / "config.json", cfg)  # whole: a status call may read it meanwhile
             self.store.update(job_id, state="starting", error=None, finished=None)
             self.supervisor.spawn(job_id)
         except BaseException as exc:

@@ -93,10 +93,15 @@ class Supervisor:
         settled = self._settled[job_id] = threading.Event()
 
         def run() -> None:
-            resized = False
+            resized, failing = False, ""
             try:
                 while not exited(2.0):
-                    resized = resized or self._resize_from_probe(job_id)
+                    try:
+                        resized = resized or self._resize_from_probe(job_id)
+                    except Exception as exc:  # a full disk, a file read mid-write: the worker runs on, still watched
+                        if repr(exc) != failing:  # once per distinct error, not every 2 s
+                            log.warning("resizing fine-tune job %s to its probe (tried again): %r", job_id, exc)
+                        failing = repr(exc)
                 # only this worker's holding: a finetune_resume may already have reserved the same owner name
                 # for the next worker (the ledger prunes a dead worker's holding itself, should this not run)
                 self.ledger.release(admission.owner(job_id), pid=pid, pid_started=started)

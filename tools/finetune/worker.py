@@ -27,7 +27,7 @@ import psutil
 
 from gpubox.tools.finetune import launcher
 from gpubox.tools.finetune.base import ensure_hf_base
-from gpubox.tools.finetune.jobs import JobStore, append_metric
+from gpubox.tools.finetune.jobs import JobStore, append_metric, write_json
 from gpubox.tools.finetune.probe import OOM_HINT, InjectedOOMError, is_oom, run_probe
 
 CANCEL_MARK = "cancel-requested"  # written by the service's cancel (the name is supervisor.CANCEL_MARK)
@@ -223,7 +223,7 @@ def _probe(job_dir: Path, cfg: dict[str, Any], build: Any, micro: int, accum: in
     _log(job_dir, {"probe": record, "t": time.time()})
     # the probed layout is the job's layout from now on, resume included
     cfg.update(per_device_train_batch_size=micro, gradient_accumulation_steps=accum)
-    (job_dir / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    write_json(job_dir / "config.json", cfg)  # whole: the server reads it meanwhile
     return micro, accum, True
 
 
