@@ -64,8 +64,10 @@ def snippet(target: Target, settings: Settings, name: str = "gpubox") -> tuple[d
     if target == "vscode":
         note = "Save as .vscode/mcp.json in your workspace (VS Code agent mode)."
         return {"servers": {name: {"type": "stdio", "command": command, "args": args, "env": env}}}, note
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = f"http://{host}:{settings.port}/mcp"
+    from gpubox.http import WILDCARD_BINDS, _bracket  # as connect_hint: a wildcard bind is reached on loopback
+
+    host = "127.0.0.1" if settings.host in WILDCARD_BINDS else settings.host
+    url = f"http://{_bracket(host)}:{settings.port}/mcp"
     headers = {"Authorization": "Bearer <your-token>"} if settings.resolved_token() else {}
     note = (
         "On the GPU box: `gpubox serve --transport http` (loopback). From your machine, tunnel it with "

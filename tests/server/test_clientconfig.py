@@ -32,3 +32,19 @@ def test_cuda_visible_devices_is_passed_only_when_the_installer_has_it(
     assert "CUDA_VISIBLE_DEVICES" not in clientconfig.stdio_env(settings)  # every GPU stays visible
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
     assert clientconfig.stdio_env(settings)["CUDA_VISIBLE_DEVICES"] == "1,2"
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("::1", "http://[::1]:18803/mcp"),
+        ("", "http://127.0.0.1:18803/mcp"),
+        ("::", "http://127.0.0.1:18803/mcp"),
+        ("gpu-box.internal", "http://gpu-box.internal:18803/mcp"),
+    ],
+)
+def test_the_remote_url_is_one_a_client_can_connect_to(tmp_path: Path, host: str, url: str) -> None:
+    settings = Settings.load(state_dir=tmp_path / "s", host=host, port=18803)
+    cfg, note = clientconfig.snippet("remote", settings)
+    assert cfg["mcpServers"]["gpubox"]["url"] == url
+    assert url.removesuffix("/mcp") + "/sse" in note
