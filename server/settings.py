@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     """gpubox settings. Env prefix GPUBOX_ (e.g. GPUBOX_STATE_DIR); `--config file.toml` for a file."""
 
     model_config = SettingsConfigDict(env_prefix="GPUBOX_", extra="forbid", validate_default=True)
+
+    _file_token: str | None = PrivateAttr(default=None)
 
     # --- storage and access -------------------------------------------------------------------
     state_dir: Path = Field(
@@ -340,7 +342,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _token_file_readable(self) -> Settings:
-        if self.token_file is not None and not self.token_file.is_file():
+        # exists, not is_file: `--token-file <(pass show gpubox)` is a pipe
+        if self.token_file is not None and not self.token_file.exists():
             raise ValueError(f"token_file {self.token_file} does not exist; create it or unset GPUBOX_TOKEN_FILE")
         return self
 
@@ -353,7 +356,10 @@ class Settings(BaseSettings):
                 raise ConfigError("the token (GPUBOX_TOKEN / --token) is blank; set a real token or unset it")
             return check_token(value, "the token (GPUBOX_TOKEN / --token)")
         if self.token_file is not None:
-            return read_token_file(self.token_file)
+            # Read once per Settings: start-up asks several times, and a pipe reads empty the second time.
+            if self._file_token is None:
+                self._file_token = read_token_file(self.token_file)
+            return self._file_token
         return None
 
     def ensure_state_dir(self) -> Path:
