@@ -194,6 +194,14 @@ class ModelManager:
         except Exception:
             log.exception("loading %s again with its earlier settings", spec.get("name"))
 
+    def loading(self, name: str | None) -> bool:
+        """Whether `name` (None: the model acquire would pick) is being loaded now; read on the event loop, so no
+        lock: list() of a dict and a lookup are atomic under the GIL."""
+        if name is None:
+            recent = max(list(self.resident.values()), key=lambda r: r.last_used, default=None)
+            name = recent.name if recent else DEFAULT_MODEL
+        return name.lower() in self._loading
+
     def _alone(self, key: str, started: int) -> Callable[[], bool]:
         """Whether the load of `key` is the only one in flight and none started since `started`."""
 

@@ -26,6 +26,7 @@ from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 # what recording a benchmark as a calibration gave: (row id, decode efficiency), why it was refused, or nothing
 Recorded = tuple[int, float | None] | InvalidInputError | None
 T = TypeVar("T")
+LOAD_POLL_S = 0.05
 FILLER = "The quick brown fox jumps over the lazy dog while the GPU box answers questions about code. "
 
 
@@ -45,6 +46,7 @@ async def generate(
     """
     if params.json_schema is not None:  # refuse a schema with no valid output before loading anything
         await anyio.to_thread.run_sync(check_schema, params.json_schema)
+    await loaded(mgr, model)
     # a cancel must not lose an acquired model (it would stay busy forever)
     r: Resident = await shielded(mgr.acquire, model)
     pieces: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -120,6 +122,14 @@ async def generate(
     )
 
 
+async def loaded(mgr: ModelManager, model: str | None) -> None:
+    """Wait while `model` is being loaded (a reload can wait minutes for a long request to end) here on the event
+    loop, cancellable, not in acquire's worker thread: forty such waiters held every thread of the default pool, so
+    every other tool of the server stalled until the load ended, and a cancel did not end their wait."""
+    while mgr.loading(model):
+        await anyio.sleep(LOAD_POLL_S)  # the load ends in a worker thread: no loop event to wait on
+
+
 async def shielded(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` in a worker thread, finished even if the caller is cancelled meanwhile."""
     with anyio.CancelScope(shield=True):
@@ -166,6 +176,7 @@ async def benchmark(
         finally:
             mgr.release(r)
 
+    await loaded(mgr, model)
     r, words = await shielded(prepare)
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
     pids = [os.getpid(), *([pid] if isinstance(pid := getattr(r.backend, "pid", None), int) else [])]
