@@ -186,7 +186,8 @@ def test_cli_client_config_prints_valid_json_with_absolute_command(tmp_path: Pat
     else:
         assert Path(entry["command"]).is_absolute() and Path(entry["command"]).exists()
         assert entry["env"]["GPUBOX_STATE_DIR"] == str(tmp_path / "state")
-        assert "CUDA_VISIBLE_DEVICES" in entry["env"]
+        # passed on only when the installing shell sets it: a default of "0" hid every other GPU of the box
+        assert ("CUDA_VISIBLE_DEVICES" in entry["env"]) == ("CUDA_VISIBLE_DEVICES" in child_env(tmp_path))
 
 
 def test_cli_call_reports_a_configuration_error_with_exit_2_not_a_traceback(tmp_path: Path) -> None:
