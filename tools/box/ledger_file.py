@@ -47,14 +47,22 @@ class LedgerFile:
         still hold (an orphan nobody has adopted yet: dropping it would free memory a live process uses)
         (caller holds the lock)."""
         mine = list(mine)
-        names = {h.owner for h in mine}
+        taken_over = {(h.owner, h.pid) for h in mine}
         others = [
-            h for h in self.read() if h.server_pid not in (None, os.getpid()) and h.owner not in names and _kept(h)
+            h
+            for h in self.read()
+            if h.server_pid not in (None, os.getpid()) and _kept(h) and not _adopted(h, taken_over)
         ]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
         data = {"holdings": [h.model_dump(mode="json") for h in [*others, *mine]]}
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _adopted(h: Holding, taken_over: set[tuple[str, int | None]]) -> bool:
+    """A dead server's holding that this server took over (the same owner held by the same process): ours now.
+    Owner names alone say nothing: another live server's "model m" is not this server's "model m"."""
+    return (h.owner, h.pid) in taken_over and not server_alive(h)
 
 
 def _kept(h: Holding) -> bool:
