@@ -321,9 +321,9 @@ class Finetuner:
         if row["state"] not in ("cancelled", "failed"):
             raise InvalidInputError(f"job {job_id} is {row['state']}; only cancelled or failed jobs resume")
         with self._slot:
-            return self._resume(job_id)
+            return self._resume(job_id, row["state"])
 
-    def _resume(self, job_id: str) -> JobStatus:
+    def _resume(self, job_id: str, was: str) -> JobStatus:
         running = self.store.active()
         if running:
             raise BusyError(f"job {running[0]['id']} is running; resume {job_id} after it finishes or is cancelled")
@@ -331,13 +331,25 @@ class Finetuner:
         cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
         cfg.update(resume=True, inject_oom=0)
         needs = admission.needs_of(self.load_plan(cfg["plan_id"]))
-        self.ledger.reserve(admission.owner(job_id), "finetune", needs, admission.frees(job_id))
+        owner = admission.owner(job_id)
+        self.ledger.reserve(owner, "finetune", needs, admission.frees(job_id))
+        try:
+            # from the state it was resumed in, so of two resumes (two servers) one wins; the dead worker's pid
+            # goes in the same step: a reconcile that saw 'starting' with it would fail the job being started
+            moved = self.store.transition(
+                job_id, was, "starting", pid=None, pid_started=None, error=None, finished=None, **starter()
+            )
+        except BaseException:
+            self.ledger.release(owner)
+            raise
+        if not moved:
+            self.ledger.release(owner)
+            raise InvalidInputError(f"job {job_id} is no longer {was} (resumed by another client?); see its status")
         try:
             write_json(job_dir / "config.json", cfg)  # whole: a status call may read it meanwhile
-            self.store.update(job_id, state="starting", error=None, finished=None)
             self.supervisor.spawn(job_id)
         except BaseException as exc:
-            self.ledger.release(admission.owner(job_id))
+            self.ledger.release(owner)
             self._failed_to_start(job_id, "starting", exc)
             raise
         return self.status(job_id)
