@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.tools.finetune import launcher
+from gpubox.errors import BusyError
+from gpubox.tools.finetune import admission, launcher
 from tests.finetune.lifecycle import finetuner, kill, sleeping_worker, write_plan
 
 
@@ -45,3 +46,20 @@ def test_a_reconcile_while_a_resumed_worker_starts_leaves_the_job_starting(
         kill(first)
         if second:
             kill(second)
+
+
+def test_a_resume_does_not_overtake_a_job_queued_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ft, ledger = finetuner(tmp_path)
+    started: list[str] = []
+    monkeypatch.setattr(ft.supervisor, "spawn", started.append)  # the bookkeeping is the unit; no worker runs
+    old = ft.launch(write_plan(ft, "r", gb=1.0)).job_id
+    ledger.release(admission.owner(old))
+    ft.store.finish(old, "cancelled")
+    ledger.reserve("model m", "inference", {"host": 1.5}, "infer_unload name='m'")  # the 3 GB job must wait
+    queued = ft.launch(write_plan(ft, "q", gb=3.0), queue=True)
+    assert queued.state == "queued"
+    with pytest.raises(BusyError, match=f"job {queued.job_id} .* is queued"):
+        ft.resume(old)
+    assert ft.store.get(old)["state"] == "cancelled" and ledger.holding(admission.owner(old)) is None  # type: ignore[index]
+    ft.cancel(queued.job_id)
+    assert ft.resume(old).state == "starting" and started == [old, old]

@@ -327,6 +327,15 @@ class Finetuner:
         running = self.store.active()
         if running:
             raise BusyError(f"job {running[0]['id']} is running; resume {job_id} after it finishes or is cancelled")
+        # as a direct launch: a job queued first starts first (the queue admits it once nothing else runs)
+        queued = [r for r in self.store.all() if r["state"] == "queued" and r["id"] != job_id]
+        if queued:
+            q = queued[-1]  # the oldest: all() is newest first
+            raise BusyError(
+                f"job {q['id']} ({q['adapter_name']}) is queued and starts first; one training job runs at a time. "
+                f"Resume {job_id} after it finishes (finetune_status job_id='{q['id']}' wait_seconds=60), or take it "
+                "out of line with finetune_cancel; a new launch with queue=true waits behind it"
+            )
         job_dir = self.store.job_dir(job_id)
         cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
         cfg.update(resume=True, inject_oom=0)
