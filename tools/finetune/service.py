@@ -210,7 +210,14 @@ class Finetuner:
     def _enqueue(self, job_id: str) -> None:
         cfg = json.loads((self.store.job_dir(job_id) / "config.json").read_text(encoding="utf-8"))
         plan = self.load_plan(cfg["plan_id"])
-        ready = lambda: not self.ledger.holders("finetune") and not self.store.active()  # noqa: E731
+
+        def ready() -> bool:
+            row = self.store.get(job_id)
+            if row is None or row["state"] != "queued":  # cancelled from another server: out of line, no start
+                self.queue.cancel(job_id)
+                return False
+            return not self.ledger.holders("finetune") and not self.store.active()
+
         self.queue.enqueue(job_id, admission.needs_of(plan), ready)
         row = self.store.reconcile(job_id)
         if row is None or row["state"] != "queued":  # a finetune_cancel came between the row and its waiter
@@ -232,7 +239,8 @@ class Finetuner:
                 raise
 
     def _fail_queued(self, job_id: str, why: str) -> None:
-        self.store.finish(job_id, "failed", error=why)
+        # from 'queued' only: a stale waiter's failure must not overwrite a job that started (or was cancelled)
+        self.store.transition(job_id, "queued", "failed", error=why, finished=time.time())
 
     def _prepare(self, plan: FinetunePlan, plan_id: str, job_id: str, inject_oom: int, state: str) -> None:
         req = plan.request
