@@ -3,14 +3,18 @@ it unloaded the working copy first, so the next request brought it back with def
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 
+from gpubox import services
 from gpubox.app import build_server, state_of
 from gpubox.settings import Settings
-from tests.conftest import call_err, call_ok
+from tests.conftest import call_err, call_ok, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -41,6 +45,40 @@ async def test_a_refused_reload_keeps_the_model_loaded_as_it_was(
             await call_ok(c, "infer_load", name=MODEL, context_length=1024, pin=True)
             assert await loaded(c) == {MODEL: (1024, True)}
             assert refusal in await call_err(c, "infer_load", name=MODEL, **change)
+            assert await loaded(c) == {MODEL: (1024, True)}
+    finally:
+        state_of(server).close()
+
+
+async def test_a_request_that_waited_out_a_refused_reload_finds_the_model_as_it_was(tmp_path: Path) -> None:
+    # the reload waits for a running request, a second request waits for the reload; when the reload is refused,
+    # the second one must not load the model with defaults (unpinned) before it is restored
+    settings = Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path], infer_memory_budget_gb=0.8)
+    server = build_server(settings)
+    mgr = services.models(state_of(server))
+    restore = mgr._restore
+
+    def waiter_first(spec: dict[str, Any]) -> None:  # the interleaving the race needs: the waiting request loads
+        with mgr._changed:  # the model before the restore runs
+            assert mgr._changed.wait_for(lambda: MODEL in mgr.resident and MODEL not in mgr._loading, 60)
+        restore(spec)
+
+    mgr._restore = waiter_first  # type: ignore[method-assign]
+    try:
+        async with Client(server) as c:  # type: ignore[arg-type]
+            await call_ok(c, "infer_load", name=MODEL, context_length=1024, pin=True)
+            streaming = anyio.Event()
+
+            async def progress(_p: float, _t: float | None, _m: str | None) -> None:
+                streaming.set()
+
+            async with anyio.create_task_group() as tg:
+                long = {"prompt": "0 0 0 0", "max_tokens": 300, "temperature": 0, "repeat_penalty": 1.0}
+                tg.start_soon(functools.partial(c.call_tool, "infer_complete", long, progress_callback=progress))
+                await streaming.wait()
+                tg.start_soon(functools.partial(call_err, c, "infer_load", name=MODEL, context_length=8192))
+                await wait_until(lambda: mgr.loading(MODEL), 30)
+                tg.start_soon(functools.partial(call_ok, c, "infer_complete", prompt="Hi", max_tokens=1, model=MODEL))
             assert await loaded(c) == {MODEL: (1024, True)}
     finally:
         state_of(server).close()

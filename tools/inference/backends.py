@@ -104,15 +104,6 @@ class LlamaBackend:
         self.n_ctx = n_ctx
         self.path = path
         self.prompt_tokens = 0  # of the last generation: its whole prompt, a cached prefix included
-        generate = self.llm.generate
-
-        def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
-            # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
-            # every completion (chat template applied) passes its whole prompt here
-            self.prompt_tokens = len(tokens)
-            return generate(tokens, *args, **kwargs)
-
-        self.llm.generate = counted
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return self._thread.submit(fn, *args).result()
@@ -192,6 +183,17 @@ class LlamaBackend:
         if grammar is not None:
             kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
         llama_cpp.llama_perf_context_reset(self.llm.ctx)
+        self.prompt_tokens = 0
+        generate = self.llm.generate
+
+        def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
+            # every completion (chat template applied) passes its whole prompt here. Set for this call only, so
+            # no lasting cycle keeps a dropped model alive until a garbage collection
+            self.prompt_tokens = len(tokens)
+            return generate(tokens, *args, **kwargs)
+
+        self.llm.generate = counted
         t0 = time.perf_counter()
         first: float | None = None
         parts: list[str] = []
@@ -220,6 +222,8 @@ class LlamaBackend:
             if m:
                 raise context_error(int(m.group(1)), p.max_tokens, int(m.group(2))) from exc
             raise
+        finally:
+            vars(self.llm).pop("generate", None)  # the class's own again
         total = time.perf_counter() - t0
         perf = llama_cpp.llama_perf_context(self.llm.ctx)
         n_p, n_e = int(perf.n_p_eval), int(perf.n_eval)

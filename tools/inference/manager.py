@@ -179,6 +179,8 @@ class ModelManager:
             failed = False
         finally:
             with self._changed:
+                if failed and before is not None:  # a request let in below reloads it as it was, not with defaults
+                    self._respawn[key] = before.spec
                 self._loading.pop(key, None)
                 self._changed.notify_all()
             if failed and before is not None:
@@ -187,16 +189,14 @@ class ModelManager:
         return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
 
     def _restore(self, spec: dict[str, Any]) -> None:
-        """A reload that failed (no room for the new settings, a backend that refused them) unloaded the working
-        copy: load it again as it was, pinned if it was, so a rejected change costs nothing but the time."""
+        """A refused reload unloaded the working copy: load it again as it was (pinned if it was)."""
         try:
             self._load(**spec, if_absent=True)
         except Exception:
             log.exception("loading %s again with its earlier settings", spec.get("name"))
 
     def loading(self, name: str | None) -> bool:
-        """Whether `name` (None: the model acquire would pick) is being loaded now; read on the event loop, so no
-        lock: list() of a dict and a lookup are atomic under the GIL."""
+        """Whether `name` (None: acquire's pick) is loading; no lock: atomic under the GIL, read on the loop."""
         if name is None:
             recent = max(list(self.resident.values()), key=lambda r: r.last_used, default=None)
             name = recent.name if recent else DEFAULT_MODEL
