@@ -27,15 +27,15 @@ def read_token_file(path: Path) -> str:
 
 
 def check_token(token: str, source: str) -> str:
-    """`token` when every character is printable ASCII without spaces; ConfigError otherwise. HTTP headers are
-    Latin-1 and clients (httpx) refuse non-ASCII ones, so such a token would start the server and let no client in.
-    Tokens must not be echoed: the message names only the position of the first bad character."""
+    """`token` when every character is printable ASCII (a space inside is sent, as a passphrase's); ConfigError
+    otherwise. HTTP headers are Latin-1 and clients (httpx) refuse non-ASCII ones, so such a token would start the
+    server and let no client in. Tokens must not be echoed: the message names only the first bad character's place."""
     for i, ch in enumerate(token):
-        if not "!" <= ch <= "~":
-            what = "a space" if ch == " " else f"U+{ord(ch):04X}"
+        if not " " <= ch <= "~":
+            what = "a tab" if ch == "\t" else f"U+{ord(ch):04X}"
             raise ConfigError(
                 f"{source} has a character a client cannot send in an Authorization header (position {i + 1}: "
-                f"{what}); use printable ASCII without spaces, best the "
+                f"{what}); use printable ASCII, best the "
                 "RFC 6750 token68 characters (letters, digits, - . _ ~ + / and trailing =), e.g. "
                 "`head -c 32 /dev/urandom | base64`"
             )

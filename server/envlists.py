@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
+
+_IPV6_FIRST = re.compile(r"\[[0-9A-Fa-f:.%]*\](:(\d+|\*))?\s*(,|$)")
 
 
 def _json_list(text: str, what: str) -> Any:
@@ -43,6 +46,25 @@ def split_names(value: Any, what: str) -> Any:
     if not isinstance(value, str):
         return value
     text = value.strip()
-    if text.startswith("["):
+    if text.startswith("[") and not _IPV6_FIRST.match(text):  # '[::1]:*' is a host, not a JSON list
         return _json_list(text, what)
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def check_hosts(hosts: Any, what: str) -> Any:
+    """Each entry a host, optionally ':port' or ':*'. Older configs separated hosts with ':' ('gpu-box:gpu-box.lan'),
+    which now reads as one host whose "port" is a name: refused with the fix rather than kept as an entry that
+    matches no request."""
+    if not isinstance(hosts, list):
+        return hosts
+    for host in hosts:
+        text = str(host)
+        if text.startswith("[") and text.endswith("]"):  # a bare IPv6 literal
+            continue
+        _, sep, port = text.rpartition(":")
+        if sep and not text.endswith("]") and port != "*" and not port.isdigit():
+            raise ValueError(
+                f"{what} entry '{text}' is not a host, host:port or host:*; separate hosts with ',' or give a JSON "
+                'list (e.g. ["gpu-box", "gpu-box.lan:*"]), not \':\''
+            )
+    return hosts

@@ -43,7 +43,7 @@ Client = Literal["claude-desktop", "claude-code", "cursor", "vscode", "codex"]
 CLIENTS: tuple[Client, ...] = ("claude-desktop", "claude-code", "cursor", "vscode", "codex")
 Action = Literal["written", "unchanged", "removed", "absent"]
 
-_BEARER = re.compile(r"(Bearer )[^\s\"]+")
+_BEARER = re.compile(r'(Bearer )(?:[^"\\\n]|\\.)+')  # to the closing quote: a token may hold spaces, \" and \\
 _SERVERS_KEY: dict[Client, str] = {
     "claude-desktop": "mcpServers",
     "claude-code": "mcpServers",
@@ -167,7 +167,9 @@ def entry(client: Client, server: Stdio | Remote) -> dict[str, Any]:
 
 def _redact(text: str, server: Stdio | Remote) -> str:
     if isinstance(server, Remote) and server.token:
-        return text.replace(server.token, f"<token from {server.token_source or 'the token file'}>")
+        hidden = f"<token from {server.token_source or 'the token file'}>"
+        # JSON and TOML previews escape '"' and '\\': hide the escaped form as well as the raw one
+        return text.replace(json.dumps(server.token)[1:-1], hidden).replace(server.token, hidden)
     return text
 
 

@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 
 from gpubox.configfiles import check_token, check_toml, read_token_file
-from gpubox.envlists import split_names, split_paths
+from gpubox.envlists import check_hosts, split_names, split_paths
 from gpubox.errors import ConfigError
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("gpubox_config_file", default=None)
@@ -320,7 +320,8 @@ class Settings(BaseSettings):
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _name_lists(cls, value: Any, info: ValidationInfo) -> Any:
-        return split_names(value, str(info.field_name))
+        names = split_names(value, str(info.field_name))
+        return check_hosts(names, "allowed_hosts") if info.field_name == "allowed_hosts" else names
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -271,3 +271,15 @@ def test_a_read_only_config_is_refused_and_left_untouched(env: dict[str, str]) -
     with pytest.raises(ConfigError, match="read-only"):
         install("codex", SERVER, env, "linux", now=T0)
     assert path.read_text() == before and not _backups(path)
+
+
+@pytest.mark.parametrize("client", [c for c in CLIENTS if c != "claude-desktop"])
+@pytest.mark.parametrize("token", ['with "quotes" and \\ back-0123', "a passphrase with spaces 0123"])
+def test_a_token_the_preview_escapes_or_spaces_is_still_hidden(client: Client, env: dict[str, str], token: str) -> None:
+    # the JSON / TOML preview escapes '"' and '\': the raw token was hidden, its escaped form printed
+    remote = Remote(REMOTE.url, token, "/home/me/.gpubox-token")
+    out = install(client, remote, env, "linux", now=T0)
+    words = [w for w in token.replace('"', " ").replace("\\", " ").split() if len(w) > 3]
+    assert not any(w in out.preview for w in words), out.preview
+    removed = uninstall(client, env, "linux", dry_run=True)
+    assert not any(w in removed.preview for w in words), removed.preview

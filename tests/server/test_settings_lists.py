@@ -70,3 +70,24 @@ def test_a_broken_json_list_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("GPUBOX_ALLOWED_HOSTS", '["a"')
     with pytest.raises(ValidationError, match="not a valid JSON list"):
         Settings.load(state_dir=tmp_path / "s")
+
+
+@pytest.mark.parametrize("value", ["gpu-box:gpu-box.lan", "a.example,b.example:web"])
+def test_an_old_colon_separated_host_list_is_refused_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    # ':' separated hosts before; kept whole it would be one entry that matches no request, silently
+    monkeypatch.setenv("GPUBOX_ALLOWED_HOSTS", value)
+    with pytest.raises(ValueError, match="separate hosts with ','"):
+        Settings.load(state_dir=tmp_path / "s")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("[::1]", ["[::1]"]), ("[::1]:*,gpu-box:8765", ["[::1]:*", "gpu-box:8765"]), ('["[fe80::1]:*"]', ["[fe80::1]:*"])],
+)
+def test_ipv6_hosts_are_hosts_not_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, expected: list[str]
+) -> None:
+    monkeypatch.setenv("GPUBOX_ALLOWED_HOSTS", value)
+    assert Settings.load(state_dir=tmp_path / "s").allowed_hosts == expected

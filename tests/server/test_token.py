@@ -15,7 +15,7 @@ from gpubox.http import check_bind, connect_hint
 from gpubox.settings import Settings
 
 
-@pytest.mark.parametrize("token", ["pässwörd-0123456789abc", "token with a space 0123", "tab\tinside-0123456789"])
+@pytest.mark.parametrize("token", ["pässwörd-0123456789abc", "tab\tinside-0123456789", "bell\x07inside-0123456789"])
 def test_a_token_no_client_can_send_is_refused_at_startup(tmp_path: Path, token: str) -> None:
     by_value = Settings.load(state_dir=tmp_path / "s", host="0.0.0.0", token=token)
     with pytest.raises(ConfigError, match="Authorization header") as caught:
@@ -25,6 +25,12 @@ def test_a_token_no_client_can_send_is_refused_at_startup(tmp_path: Path, token:
     f.write_text(token + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=f"the token in {f}"):
         Settings.load(state_dir=tmp_path / "s", token_file=f).resolved_token()
+
+
+def test_a_passphrase_with_spaces_is_accepted(tmp_path: Path) -> None:
+    # clients send it (httpx does) and the MCP SDK's bearer check takes everything after 'Bearer '
+    token = "correct horse battery staple"
+    assert Settings.load(state_dir=tmp_path / "s", token=token).resolved_token() == token
 
 
 def test_a_token68_token_is_accepted(tmp_path: Path) -> None:
