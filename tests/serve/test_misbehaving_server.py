@@ -98,6 +98,9 @@ class Fake(BaseHTTPRequestHandler):
             self.event({"choices": [{"delta": {"content": "The answer is"}}]})
         elif mode == "nodata":
             w.write(b"hello\n")
+        elif mode == "lastline":  # the last line without its newline: legal, aiter_lines gave it
+            self.event({"choices": [{"delta": {"content": "ok"}}]})
+            w.write(b"data: [DONE]")
         elif mode == "finished":  # a finish_reason, then the connection closes without [DONE]
             self.event({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]})
         else:
@@ -220,6 +223,8 @@ async def test_a_finish_reason_completes_an_answer_without_done_and_json_is_read
             assert (res["text"], res["finish_reason"]) == ("ok", "stop")
             res = await call_ok(c, "infer_chat", model="fake", messages=say("json"), max_tokens=5)
             assert (res["text"], res["finish_reason"], res["prompt_tokens"]) == ("hello", "stop", 3)
+            res = await call_ok(c, "infer_chat", model="fake", messages=say("lastline"), max_tokens=5)
+            assert (res["text"], res["finish_reason"]) == ("ok", "stop")
 
 
 @pytest.mark.parametrize(

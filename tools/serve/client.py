@@ -217,24 +217,23 @@ async def _stream(
             # a server that ignores stream=true answers one JSON completion: read as one chunk of a stream
             yield _as_chunk(await _read_capped(r, who, fix), who, fix)
             return
-        lines, events = _Lines(who, fix), 0
-        async for part in r.aiter_bytes():
-            for line in lines.feed(part):
-                if not line.startswith(b"data:"):
-                    continue  # SSE comments (keep-alives), event names, blank separators
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                if not data:
-                    continue
-                events += 1
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise InvalidInputError(
-                        f"{who} sent a chunk that is not JSON: {quote(data.decode('utf-8', 'replace'))}; {fix}"
-                    ) from None
-                yield chunk
+        events = 0
+        async for line in _lines_of(r, who, fix):
+            if not line.startswith(b"data:"):
+                continue  # SSE comments (keep-alives), event names, blank separators
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            if not data:
+                continue
+            events += 1
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise InvalidInputError(
+                    f"{who} sent a chunk that is not JSON: {quote(data.decode('utf-8', 'replace'))}; {fix}"
+                ) from None
+            yield chunk
         what = f"closed its stream after {events} chunks without [DONE]" if events else "sent no chunk (no 'data:')"
         raise StreamEnded(f"{who} {what}: the answer is incomplete; retry, or {fix}")
 
@@ -247,6 +246,16 @@ class StreamEnded(BusyError):
 # One server-sent line: a chunk of one token is a few hundred bytes. A server that sends a line without end
 # (300 MB were seen) is refused here instead of held whole in memory.
 MAX_LINE = 2**20
+
+
+async def _lines_of(r: httpx.Response, who: str, fix: str) -> AsyncGenerator[bytes, None]:
+    """The response's lines, the last one too when the stream ends without a newline (as aiter_lines gave it)."""
+    lines = _Lines(who, fix)
+    async for part in r.aiter_bytes():
+        for line in lines.feed(part):
+            yield line
+    if lines.buf:
+        yield bytes(lines.buf).rstrip(b"\r")
 
 
 class _Lines:
