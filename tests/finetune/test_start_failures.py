@@ -5,6 +5,7 @@ failed by the next reconcile."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpubox.errors import InvalidInputError
-from gpubox.tools.box.capacity import start_time
-from gpubox.tools.finetune import admission
-from gpubox.tools.finetune.jobs import STARTING_TIMEOUT_S
-from tests.finetune.lifecycle import finetuner, write_plan
+from gpubox.tools.box.capacity import pid_alive, start_time
+from gpubox.tools.finetune import admission, launcher
+from gpubox.tools.finetune.jobs import MIGRATIONS, STARTING_TIMEOUT_S, add_column
+from tests.finetune.lifecycle import finetuner, sleeping_worker, write_plan
 
 
 def test_a_launch_whose_worker_cannot_start_fails_and_the_next_launch_runs(
@@ -65,3 +66,32 @@ def test_a_start_under_way_stays_starting_until_it_takes_too_long(tmp_path: Path
     ft.store.update("j1", starting_since=time.time() - STARTING_TIMEOUT_S - 1)
     row = ft.store.reconcile("j1")
     assert row is not None and row["state"] == "failed"
+
+
+def test_a_worker_whose_watcher_cannot_start_is_stopped_and_its_job_never_resumed_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the worker got its pid, then no thread was left for its watcher: the start failed, but the job was marked
+    # failed while the worker ran on, unwatched, and a resume started a second worker on the same job
+    monkeypatch.setattr(launcher, "command", sleeping_worker)
+    ft, ledger = finetuner(tmp_path)
+
+    def no_thread(*_args: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ft.supervisor, "_watch", no_thread)
+    with pytest.raises(RuntimeError):
+        ft.launch(write_plan(ft, "p1"))
+    [row] = ft.store.all()
+    assert row["pid"] is not None and not pid_alive(row["pid"], row["pid_started"]), "the unwatched worker runs on"
+    assert ledger.holding(admission.owner(row["id"])) is None
+    assert ft.store.reconcile(row["id"])["state"] == "failed"  # type: ignore[index]
+
+
+def test_a_column_another_server_added_meanwhile_is_no_error(tmp_path: Path) -> None:
+    # two servers opening a database of an older version at once both see a column missing; the second ALTER
+    # failed ('duplicate column name') and with it that server's first fine-tuning call
+    ft, _ledger = finetuner(tmp_path)
+    with sqlite3.connect(ft.store.db) as c:
+        for ddl in MIGRATIONS.values():
+            add_column(c, ddl)  # every column is there already: a no-op, not an error

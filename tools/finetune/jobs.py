@@ -70,7 +70,7 @@ class JobStore:
             have = {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}
             for col, ddl in MIGRATIONS.items():
                 if col not in have:
-                    c.execute(ddl)
+                    add_column(c, ddl)
 
     @contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
@@ -174,6 +174,16 @@ class JobStore:
 
     def active(self) -> list[dict[str, Any]]:
         return [r for jid in self.ids() if (r := self.reconcile(jid)) and r["state"] in ACTIVE]
+
+
+def add_column(c: sqlite3.Connection, ddl: str) -> None:
+    """One ALTER TABLE ... ADD COLUMN, harmless when another server opening the same database at the same moment
+    added it between our column list and this (both saw it missing; one failed its first fine-tuning call)."""
+    try:
+        c.execute(ddl)
+    except sqlite3.OperationalError as exc:
+        if "duplicate column name" not in str(exc):
+            raise
 
 
 def _abandoned(row: dict[str, Any]) -> bool:

@@ -202,10 +202,12 @@ class Finetuner:
 
     def _failed_to_start(self, job_id: str, state: str, exc: BaseException) -> None:
         """Mark a job whose start raised as failed (a no-op when its row was never written or has moved on)."""
+        why = f"its worker could not be started: {exc!r}"
         with contextlib.suppress(Exception):  # the database may be what failed: reconcile's timeout catches it then
-            self.store.transition(
-                job_id, state, "failed", error=f"its worker could not be started: {exc!r}", finished=time.time()
-            )
+            if state == "starting":  # only while no worker has a pid: one that has is reconciled by its pid
+                self.store.fail_unstarted(job_id, why)
+            else:
+                self.store.transition(job_id, state, "failed", error=why, finished=time.time())
 
     def _enqueue(self, job_id: str) -> None:
         cfg = json.loads((self.store.job_dir(job_id) / "config.json").read_text(encoding="utf-8"))

@@ -71,14 +71,15 @@ class Supervisor:
         try:
             self.ledger.update(admission.owner(job_id), pid=proc.pid)
             self.store.set_process(job_id, proc.pid)
+            # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
+            # that stops while the job trains on does not warn about a child still running. One that cannot start
+            # (no thread left) must not leave an unwatched worker holding memory nobody releases
+            self._watch(job_id, proc.pid, start_time(proc.pid), lambda timeout: exited(proc, timeout))
         except BaseException:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
-        # the watcher reaps the child when it exits (no zombie); it also keeps the Popen referenced, so a server
-        # that stops while the job trains on does not warn about a child still running
-        self._watch(job_id, proc.pid, start_time(proc.pid), lambda timeout: exited(proc, timeout))
 
     def wait_settled(self, job_id: str, timeout: float) -> None:
         """Wait until a job this process watched has its measurements recorded (no wait for any other job)."""
