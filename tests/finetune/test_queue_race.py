@@ -17,10 +17,9 @@ from gpubox.settings import Settings
 from gpubox.tools.box.capacity import Reading
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Holding
-from gpubox.tools.finetune.schemas import DatasetSummary, FinetunePlan, FinetuneRequest, ResolvedBase
 from gpubox.tools.finetune.service import Finetuner
 from tests.conftest import DATA
-from tests.finetune.conftest import DATASET
+from tests.finetune.lifecycle import write_plan
 
 BUDGET_GB, JOB_GB, MODEL_GB = 2.0, 1.5, 1.0  # the job or the model fits, not both
 
@@ -54,36 +53,6 @@ class OtherWork:
             self.outcome = exc
 
 
-def write_plan(ft: Finetuner) -> str:
-    rows = sum(1 for line in DATASET.read_text(encoding="utf-8").splitlines() if line.strip())
-    plan = FinetunePlan(
-        plan_id="race1",
-        request=FinetuneRequest(model="base", dataset=str(DATASET)),
-        base=ResolvedBase(name="base", path="base.gguf", format="gguf", hf_path="base-hf", hf_ready=False),
-        device="cpu",
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=1,
-        global_batch=1,
-        gradient_checkpointing=False,
-        total_steps=1,
-        batch_source="the test",
-        estimated_memory_gb=JOB_GB,
-        dataset=DatasetSummary(
-            path=str(DATASET),
-            format="messages",
-            rows=rows,
-            train_rows=rows,
-            eval_rows=0,
-            tokens_total=0,
-            token_length_percentiles={},
-            truncated_rows=0,
-        ),
-        speed_options={},
-    )
-    (ft.plans_dir / f"{plan.plan_id}.json").write_text(plan.model_dump_json(), encoding="utf-8")
-    return plan.plan_id
-
-
 def launch_with_other_work_at(tmp_path: Path, at: int, monkeypatch: pytest.MonkeyPatch) -> tuple[OtherWork, str]:
     """One queued launch with a model reserved at its `at`-th device reading; returns what the model got and
     the job's state."""
@@ -93,7 +62,7 @@ def launch_with_other_work_at(tmp_path: Path, at: int, monkeypatch: pytest.Monke
     ft = Finetuner(settings, ledger=ledger)
     started: list[str] = []
     monkeypatch.setattr(ft.supervisor, "spawn", started.append)  # admitted: its worker would start here
-    plan_id = write_plan(ft)
+    plan_id = write_plan(ft, "race1", JOB_GB)
     other.launcher = threading.current_thread()
     try:
         st = ft.launch(plan_id, queue=True)
@@ -148,7 +117,7 @@ def test_a_cancel_between_a_queued_jobs_row_and_its_waiter_takes_it_out_of_line(
         enqueue(job_id, needs, ready)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ft.queue, "enqueue", cancelled_first)
-    st = ft.launch(write_plan(ft), queue=True)
+    st = ft.launch(write_plan(ft, "race1", JOB_GB), queue=True)
     job = f"fine-tune job {st.job_id}"
     waiters = [t for t in threading.enumerate() if t.name == f"finetune-queue-{st.job_id}"]
     for t in waiters:
