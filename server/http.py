@@ -83,13 +83,25 @@ def security_settings(settings: Settings) -> TransportSecuritySettings:
         extra = _local_names() if settings.host in WILDCARD_BINDS else [_bracket(settings.host)]
         hosts += [f"{n}:*" for n in extra]
         origins += [f"http://{n}:*" for n in extra] + [f"https://{n}:*" for n in extra]
-    hosts += settings.allowed_hosts
-    origins += settings.allowed_origins
+    hosts += with_default_port(settings.allowed_hosts)
+    origins += with_default_port(settings.allowed_origins)
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=list(dict.fromkeys(hosts)),
         allowed_origins=list(dict.fromkeys(origins)),
     )
+
+
+def with_default_port(patterns: list[str]) -> list[str]:
+    """Each configured `name:*` (any port) followed by `name` alone: a client sends no port when it uses the
+    scheme's default one (RFC 9110 7.2), as browsers and TLS proxies on 443 do, and the SDK's `:*` and our guard
+    want an explicit port. Only the user's own entries: the loopback defaults name the port gpubox listens on."""
+    out: list[str] = []
+    for p in patterns:
+        out.append(p)
+        if p.endswith(":*"):
+            out.append(p[:-2])
+    return out
 
 
 def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:

@@ -221,3 +221,37 @@ def test_a_kept_alive_connection_still_serves_complete_requests(tmp_path: Path) 
     with running_http_server(tmp_path, env=env) as (base, _, _, _), httpx2.Client() as http:
         for _ in range(3):
             assert http.get(f"{base}/health").json()["status"] == "ok"
+
+
+def test_a_configured_any_port_entry_also_allows_the_default_port(tmp_path: Path) -> None:
+    from gpubox.http import security_settings
+    from gpubox.settings import Settings
+
+    s = Settings.load(
+        state_dir=tmp_path / "s", allowed_hosts=["gpu-box.example:*"], allowed_origins=["https://gpu-box.example:*"]
+    )
+    sec = security_settings(s)
+    assert matches("gpu-box.example", sec.allowed_hosts, origin=False)  # a TLS proxy on 443 sends no port
+    assert matches("gpu-box.example:8443", sec.allowed_hosts, origin=False)
+    assert matches("https://gpu-box.example", sec.allowed_origins, origin=True)
+    assert not matches("127.0.0.1", sec.allowed_hosts, origin=False)  # the loopback defaults keep their ports
+    assert not matches("gpu-box.example.evil.com", sec.allowed_hosts, origin=False)
+
+
+@pytest.mark.slow
+def test_a_port_less_host_passes_the_guard_and_the_sdk_behind_it(tmp_path: Path) -> None:
+    env = child_env(
+        tmp_path, GPUBOX_ALLOWED_HOSTS="gpu-box.example:*", GPUBOX_ALLOWED_ORIGINS="https://gpu-box.example:*"
+    )
+    with running_http_server(tmp_path, env=env) as (base, token, _, _):
+
+        async def go() -> tuple[int, int, int]:
+            return (
+                await _status(base, token, Host="gpu-box.example", Origin="https://gpu-box.example"),
+                await _status(base, token, Host="gpu-box.example:443"),
+                await _status(base, token, Host="other.example"),
+            )
+
+        import anyio
+
+        assert anyio.run(go) == (200, 200, 421)
