@@ -8,6 +8,7 @@
     ├── NotFoundError           something that should exist on disk does not (model file, index)
     ├── CapacityError           the work cannot fit (memory, context length, resident-model budget)
     ├── BusyError               the resource is in use by another request or job
+    ├── UpstreamError           a model server gpubox routes to answered wrongly or stopped answering (not the input)
     ├── OutputRejectedError     generated output breaks the schema the caller asked for; names the violation
     ├── DeclinedError           the user declined a confirmation (MCP elicitation); nothing was started
     └── ConfigError             settings are invalid or unsafe (e.g. public bind without a token)
@@ -86,6 +87,23 @@ class CapacityError(GpuboxError):
 
 class BusyError(GpuboxError):
     """The resource is busy with other work."""
+
+
+class UpstreamError(GpuboxError):
+    """The model server behind a served name (a vLLM engine gpubox started, a server attached with serve_attach)
+    answered as no OpenAI-compatible server should (a chunk that is not JSON or of the wrong shape, a stream cut
+    short, a line without end, a broken model list) or stopped answering. Kept apart from InvalidInputError, which
+    tells the caller to change its arguments: here the same request succeeds once the server is fixed, so the
+    message names the server and its URL, quotes what it sent, and says what to do about the server."""
+
+    LEAD = "The model server is at fault, not this request's arguments"
+
+    def __init__(self, server: str, fault: str, fix: str, sent: str | None = None) -> None:
+        said = f"; it sent: {sent}" if sent is not None else ""
+        super().__init__(f"{server} {fault}{said}. {self.LEAD} (other arguments will not help): {fix}")
+        self.server = server
+        self.fault = fault
+        self.sent = sent
 
 
 class ConfigError(GpuboxError):

@@ -6,6 +6,8 @@ on the SDK's right channel with its message intact (the SDK masks any other exce
 
     ConfigError                 -> MCPError (JSON-RPC error): the server is misconfigured; the host must act
     other GpuboxError in a tool -> ToolError (is_error result): the model reads the message and retries
+                                   (an UpstreamError's message says the model server, not the arguments, is at
+                                   fault, so the model fixes or detaches the server instead of new arguments)
     input errors in a resource  -> ResourceNotFoundError (-32602 invalid params): unknown name, bad path
     other GpuboxError there     -> ResourceError (-32603)
 """

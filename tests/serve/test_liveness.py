@@ -21,7 +21,7 @@ from mcp import Client
 
 from gpubox import services
 from gpubox.app import build_server, state_of
-from gpubox.errors import BusyError
+from gpubox.errors import UpstreamError
 from gpubox.settings import Settings
 from gpubox.tools.serve.liveness import Liveness, watching
 from gpubox.tools.serve.schemas import EngineRecord
@@ -276,7 +276,7 @@ async def test_a_request_whose_engine_stays_silent_through_a_probe_is_ended_and_
         id="e2", engine="vllm", model="m", source="x", base_url="http://127.0.0.1:9/v1", started=0.0, state="ready"
     )
     live = Liveness(rec, 0.05, lambda: False, recorded.append)
-    with anyio.fail_after(30), pytest.raises(BusyError, match="stopped answering"):
+    with anyio.fail_after(30), pytest.raises(UpstreamError, match="stopped answering"):
         async with watching(live):
             await anyio.sleep_forever()  # the request waits on an engine that sends nothing
     assert recorded == [False]

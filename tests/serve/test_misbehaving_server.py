@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
-from gpubox.errors import BusyError, InvalidInputError
+from gpubox.errors import BusyError, UpstreamError
 from gpubox.settings import Settings
 from gpubox.tools.serve import client, remote
 from gpubox.tools.serve.engines import EngineManager
@@ -248,7 +248,7 @@ async def test_a_malformed_chunk_is_a_gpubox_error_quoting_it(tmp_path: Path, mo
 def test_lines_end_at_crlf_and_one_over_the_cap_is_refused() -> None:
     lines = client._Lines("engine x", "fix")
     assert lines.feed(b"data: 1\r\ndata: ") == [b"data: 1"]
-    with pytest.raises(InvalidInputError, match="engine x sent a line longer than 1 MB"):
+    with pytest.raises(UpstreamError, match="engine x sent a line longer than 1 MB"):
         lines.feed(b"y" * client.MAX_LINE)
 
 

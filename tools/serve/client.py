@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import httpx
 
-from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.errors import BusyError, InvalidInputError, NotFoundError, UpstreamError
 from gpubox.tools.serve.chunks import quote
 from gpubox.tools.serve.schemas import EngineMetrics
 
@@ -118,7 +118,13 @@ def models(base_url: str, api_key: str | None, timeout: float = 5.0) -> list[str
     try:
         return [str(m["id"]) for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
-        raise InvalidInputError(f"{base_url}/models did not return an OpenAI model list") from None
+        raise UpstreamError(
+            f"the server at {base_url}",
+            "did not return an OpenAI model list from /models",
+            "check that this is its OpenAI-compatible base URL (vLLM's ends in /v1) and read the server's log; "
+            "restart it, or serve_stop its engine_id to detach it",
+            sent=quote(r.content.decode("utf-8", "replace")),
+        ) from None
 
 
 def metrics(base_url: str, api_key: str | None, timeout: float = 5.0) -> EngineMetrics | None:
@@ -151,9 +157,10 @@ async def stream(
     who: str | None = None,
     fix: str = "check the server",
 ) -> AsyncGenerator[dict[str, Any], None]:
-    """POST with stream=true and yield each server-sent JSON chunk until [DONE]; a connection failure is a
-    BusyError, a stream that ends without [DONE] a StreamEnded, a line that is not JSON or longer than MAX_LINE an
-    InvalidInputError. `who` names the engine in those errors and `fix` says what to do."""
+    """POST with stream=true and yield each server-sent JSON chunk until [DONE]. What the server does wrong is an
+    UpstreamError (a refused connection, a line that is not JSON or longer than MAX_LINE, an HTTP 5xx), a stream that
+    ends without [DONE] a StreamEnded (one too); a timeout or an overload is a BusyError, an HTTP 4xx (the server
+    refused the request's arguments) an InvalidInputError. `who` names the engine and `fix` says what to do."""
     who = who or f"the engine at {base_url}"
     try:
         # closed with this generator, not later by the interpreter's async-generator cleanup: the connection (and
@@ -161,8 +168,12 @@ async def stream(
         async with contextlib.aclosing(_stream(base_url, api_key, path, body, timeout, who, fix)) as chunks:
             async for chunk in chunks:
                 yield chunk
-    except httpx.HTTPError as exc:
+    except httpx.TimeoutException as exc:  # slow, not wrong: the liveness watch tells a hung engine apart
         raise BusyError(f"{who} did not answer ({type(exc).__name__}: {exc}); serve_status shows its state") from None
+    except httpx.RemoteProtocolError as exc:  # a crashed server's chunked answer ends mid-way: a cut stream
+        raise StreamEnded(who, f"broke off its answer ({exc}): the answer is incomplete", f"retry, or {fix}") from None
+    except httpx.HTTPError as exc:  # refused or reset connection, a body that does not decode
+        raise UpstreamError(who, f"did not answer ({type(exc).__name__}: {exc})", fix) from None
 
 
 # One pooled client per engine and event loop while requests to it are in flight: concurrent requests share
@@ -186,6 +197,10 @@ _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Pool]] =
 @contextlib.asynccontextmanager
 async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     pools = _POOLS.setdefault(asyncio.get_running_loop(), {})
+    if base_url not in pools and base_url.startswith("https://"):
+        # the first TLS context reads the system's CA bundle from disk: in a worker thread, not on the loop every
+        # client shares (cached after); looked up again below, so no await lies between the check and the insert
+        await anyio.to_thread.run_sync(_ssl_context)
     pool = pools.get(base_url)
     if pool is None:
         pool = pools[base_url] = _Pool(httpx.AsyncClient(limits=_LIMITS, verify=verify(base_url)))
@@ -212,6 +227,8 @@ async def _stream(
             text = (await r.aread()).decode("utf-8", "replace")[:800]
             if r.status_code == 429 or r.status_code == 503:
                 raise BusyError(f"{who} is overloaded (HTTP {r.status_code}): {text}")
+            if r.status_code >= 500:  # the server failed, whatever the request held
+                raise UpstreamError(who, f"failed the request (HTTP {r.status_code})", fix, sent=quote(text))
             raise InvalidInputError(f"{who} refused the request (HTTP {r.status_code}): {text}")
         if r.headers.get("content-type", "").startswith("application/json"):
             # a server that ignores stream=true answers one JSON completion: read as one chunk of a stream
@@ -230,15 +247,14 @@ async def _stream(
             try:
                 chunk = json.loads(data)
             except ValueError:
-                raise InvalidInputError(
-                    f"{who} sent a chunk that is not JSON: {quote(data.decode('utf-8', 'replace'))}; {fix}"
-                ) from None
+                sent = quote(data.decode("utf-8", "replace"))
+                raise UpstreamError(who, "sent a chunk that is not JSON", fix, sent=sent) from None
             yield chunk
         what = f"closed its stream after {events} chunks without [DONE]" if events else "sent no chunk (no 'data:')"
-        raise StreamEnded(f"{who} {what}: the answer is incomplete; retry, or {fix}")
+        raise StreamEnded(who, f"{what}: the answer is incomplete", f"retry, or {fix}")
 
 
-class StreamEnded(BusyError):
+class StreamEnded(UpstreamError):
     """The stream closed before [DONE]: an answer cut short (a crash, a proxy's timeout), unless a chunk had
     already given its finish_reason."""
 
@@ -270,19 +286,27 @@ class _Lines:
         out: list[bytes] = []
         start = 0
         while (end := self.buf.find(b"\n", start)) >= 0:
-            self._check(end - start)
+            self._check(start, end)
             out.append(bytes(self.buf[start:end]).rstrip(b"\r"))
             start = end + 1
         del self.buf[:start]
-        self._check(len(self.buf))
+        self._check(0, len(self.buf))
         return out
 
-    def _check(self, size: int) -> None:
-        if size > MAX_LINE:
-            raise InvalidInputError(
-                f"{self.who} sent a line longer than {MAX_LINE // 2**20} MB, which no OpenAI-compatible stream "
-                f"does; the request was ended; {self.fix}"
+    def _check(self, start: int, end: int) -> None:
+        if end - start > MAX_LINE:
+            raise UpstreamError(
+                self.who,
+                f"sent a line longer than {MAX_LINE // 2**20} MB, which no OpenAI-compatible stream does; the "
+                "request was ended",
+                self.fix,
+                sent=_excerpt(self.buf[start:end]),
             )
+
+
+def _excerpt(raw: bytes | bytearray) -> str:
+    """The start of a long answer, with its size: the whole may be megabytes."""
+    return quote(bytes(raw[:200]).decode("utf-8", "replace")) + f"... ({len(raw)} bytes)"
 
 
 async def _read_capped(r: httpx.Response, who: str, fix: str) -> bytes:
@@ -290,7 +314,7 @@ async def _read_capped(r: httpx.Response, who: str, fix: str) -> bytes:
     async for part in r.aiter_bytes():
         body += part
         if len(body) > MAX_BODY:
-            raise InvalidInputError(f"{who} answered more than {MAX_BODY // 2**20} MB; {fix}")
+            raise UpstreamError(who, f"answered more than {MAX_BODY // 2**20} MB to one request", fix, _excerpt(body))
     return bytes(body)
 
 
@@ -300,9 +324,8 @@ def _as_chunk(raw: bytes, who: str, fix: str) -> Any:
     try:
         answer = json.loads(raw)
     except ValueError:
-        raise InvalidInputError(
-            f"{who} answered JSON that does not parse: {quote(raw.decode('utf-8', 'replace'))}; {fix}"
-        ) from None
+        sent = quote(raw.decode("utf-8", "replace"))
+        raise UpstreamError(who, "answered JSON that does not parse", fix, sent=sent) from None
     if isinstance(answer, dict) and isinstance(answer.get("choices"), list):
         answer["choices"] = [
             {**c, "delta": c.get("message")} if isinstance(c, dict) and "message" in c else c for c in answer["choices"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from gpubox.errors import BusyError
+from gpubox.errors import UpstreamError
 from gpubox.tools.serve.records import RecordStore
 from gpubox.tools.serve.schemas import EngineRecord, EngineState
 
@@ -105,12 +105,13 @@ class Liveness:
     async def recorded(self, ok: bool) -> None:
         await anyio.to_thread.run_sync(self.record, ok)
 
-    def stopped(self, waited: bool) -> BusyError:
+    def stopped(self, waited: bool) -> UpstreamError:
         rec = self.rec
         why = f"nothing came for {self.after_s:g} s and " if waited else ""
-        return BusyError(
-            f"engine {rec.id} serving '{rec.model}' at {rec.base_url} stopped answering: {why}its health probe "
-            f"failed, so the request was ended; {restart_hint(rec)}"
+        return UpstreamError(
+            f"engine {rec.id} serving '{rec.model}' at {rec.base_url}",
+            f"stopped answering: {why}its health probe failed, so the request was ended",
+            restart_hint(rec),
         )
 
 
@@ -149,7 +150,7 @@ class _Watch:
 @contextlib.asynccontextmanager
 async def watching(live: Liveness | None) -> AsyncIterator[Callable[[], None]]:
     """Run a request under a watch on its engine; the request calls the yielded `touch` for each chunk. Raises
-    BusyError (the request cancelled) when the engine stops answering, at once when it is already known silent."""
+    UpstreamError (the request cancelled) when the engine stops answering, at once when it is already known silent."""
     if live is None:
         yield lambda: None
         return

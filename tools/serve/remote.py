@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from gpubox.errors import BusyError, InvalidInputError
+from gpubox.errors import BusyError, InvalidInputError, UpstreamError
 from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.output_check import check_output
@@ -38,8 +38,11 @@ MAX_CHARS_PER_TOKEN = 256  # the longest tokens of common vocabularies (runs of 
 def _fix(rec: EngineRecord) -> str:
     """What to do about an engine that does not answer as an OpenAI-compatible server should."""
     if rec.engine == "vllm":
-        return f"serve_status engine_id='{rec.id}' include_log=true shows the engine's log"
-    return f"check the server at {rec.base_url}, or serve_stop engine_id='{rec.id}' to detach it"
+        return (
+            f"serve_status engine_id='{rec.id}' include_log=true shows the engine's log; serve_stop "
+            f"engine_id='{rec.id}' then serve_start restarts it"
+        )
+    return f"check the server at {rec.base_url} and its log, restart it, or serve_stop engine_id='{rec.id}' to detach"
 
 
 def request_body(
@@ -103,9 +106,7 @@ async def generate(
                         try:
                             chunk = parse(raw, chat=messages is not None)
                         except BadChunk as exc:
-                            raise InvalidInputError(
-                                f"{who} sent a malformed chunk ({exc}): {quote(raw)}; {fix}"
-                            ) from None
+                            raise UpstreamError(who, f"sent a malformed chunk ({exc})", fix, sent=quote(raw)) from None
                         usage = chunk.usage or usage
                         for piece in chunk.pieces:
                             first = first or time.perf_counter()
@@ -133,11 +134,19 @@ async def generate(
     decode = (completion - 1) / (end - first) if first and completion > 1 and end > first else None
     parsed = None
     if p.json_schema is not None and finish == "stop":
-        try:
-            parsed = json.loads(out)
-        except json.JSONDecodeError as exc:
-            raise InvalidInputError(f"the engine's output is not valid JSON ({exc}); raise max_tokens") from exc
-        await anyio.to_thread.run_sync(check_output, p.json_schema, parsed, out)
+        schema = p.json_schema
+
+        def checked() -> Any:
+            try:
+                value = json.loads(out)
+            except json.JSONDecodeError as exc:
+                raise InvalidInputError(f"the engine's output is not valid JSON ({exc}); raise max_tokens") from exc
+            check_output(schema, value, out)
+            return value
+
+        # parsed in a worker thread too: max_tokens allows an answer of tens of MB, too long a parse for the loop
+        # every client shares
+        parsed = await anyio.to_thread.run_sync(checked)
     return GenerationResult(
         model=model or rec.model,
         text=out,
