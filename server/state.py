@@ -29,15 +29,28 @@ class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._services: dict[str, Any] = {}
-        # reentrant: a factory may ask for the services it depends on (the model manager for the ledger)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the two dicts only; never held while a service is built
+        # one lock per service being built, so a slow build (a database opened, jobs reconciled) holds up only the
+        # callers of that service, not every other client's tools (one lock held through every build did). A
+        # factory may ask for the services it depends on (the ledger for the model manager): it takes their locks,
+        # and the services depend on each other without cycles, so no two builds wait on each other
+        self._building: dict[str, threading.RLock] = {}
 
     def service(self, key: str, factory: Callable[[Settings], S]) -> S:
-        """Return the service stored under `key`, building it on first use (thread-safe)."""
+        """Return the service stored under `key`, building it on first use (thread-safe, built once)."""
         with self._lock:
-            if key not in self._services:
-                self._services[key] = factory(self.settings)
-            return self._services[key]
+            if key in self._services:
+                return self._services[key]
+            building = self._building.setdefault(key, threading.RLock())
+        with building:
+            with self._lock:
+                if key in self._services:  # another caller built it while this one waited
+                    return self._services[key]
+            svc = factory(self.settings)
+            with self._lock:
+                self._services[key] = svc
+                self._building.pop(key, None)
+            return svc
 
     def peek(self, key: str) -> Any | None:
         """The service under `key` if it was already built; never builds one."""

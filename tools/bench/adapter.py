@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import CallToolResult, TextContent
@@ -119,7 +120,8 @@ def register(mcp: MCPServer[Any]) -> None:
             "tolerance": tolerance,
             "device": device,
         }
-        result, figs = await bench(app_state(ctx)).attention(params, baseline, time_limit_s, ctx.report_progress, queue)
+        svc = await anyio.to_thread.run_sync(bench, app_state(ctx))  # a first build opens the ledger: off the loop
+        result, figs = await svc.attention(params, baseline, time_limit_s, ctx.report_progress, queue)
         won = ", ".join(f"D={w.head_dim} N={w.seq_len}: {w.backend}" for w in result.winners if w.backend)
         return with_images(result, figs, f"bench_attention {result.run_id} ({result.status}); winners: {won or 'none'}")
 
@@ -142,7 +144,8 @@ def register(mcp: MCPServer[Any]) -> None:
         """Measure memory bandwidth and matmul TFLOPS per dtype against the datasheet; estimates then use them."""
         require(ok, "bench_device")
         params = {"device": device, "iterations": iterations, "matmul_size": matmul_size, "buffer_mb": buffer_mb}
-        return await bench(app_state(ctx)).device(params, time_limit_s, ctx.report_progress, queue)
+        svc = await anyio.to_thread.run_sync(bench, app_state(ctx))  # a first build opens the ledger: off the loop
+        return await svc.device(params, time_limit_s, ctx.report_progress, queue)
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Past benchmark runs")
     def bench_list(ctx: Context, limit: Annotated[int, Field(ge=1, le=500)] = 20) -> RunList:

@@ -102,7 +102,9 @@ class BenchService:
 
         async def report() -> None:
             while progress is not None:
-                pos = self.ledger.position(owner)
+                # the ledger's lock is held by threads writing its file (waiting on other servers' file lock): a
+                # read of the queue waits for it off the event loop; its answer is not needed once cancelled
+                pos = await anyio.to_thread.run_sync(self.ledger.position, owner, abandon_on_cancel=True)
                 if pos is not None:
                     await progress(0, None, f"queued for memory and the device: position {pos}")
                 await anyio.sleep(2)
@@ -120,12 +122,17 @@ class BenchService:
             if refused is not None:
                 raise refused
             while not self._lock.acquire(blocking=False):  # another queued caller won the slot first: queue again
-                self.ledger.release(owner)
+                await anyio.to_thread.run_sync(self.ledger.release, owner)
                 await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except BaseException:
             cancel.set()
-            self.ledger.leave_queue(owner)
-            self.ledger.release(owner)
+
+            def leave() -> None:
+                self.ledger.leave_queue(owner)
+                self.ledger.release(owner)
+
+            with anyio.CancelScope(shield=True):  # the ledger's lock, a file lock and a write: off the event loop
+                await anyio.to_thread.run_sync(leave)
             raise
 
     def _release(self, owner: str, peak: object) -> None:
@@ -144,7 +151,7 @@ class BenchService:
         total: float | None,
         queue: bool = False,
     ) -> WorkerOutcome:
-        if not is_available("torch"):
+        if not await anyio.to_thread.run_sync(is_available, "torch"):  # a search of the import path: off the loop
             raise MissingExtraError("Device benchmarks", "bench", "torch")
         needs = await anyio.to_thread.run_sync(lambda: self.needs(task, params))
         key = footprint.key(task, params, needs)

@@ -143,7 +143,8 @@ def register(mcp: MCPServer[Any]) -> None:
         include_plot: Annotated[bool, Field(description="Add the loss curve image")] = False,
     ) -> Annotated[CallToolResult, JobStatus]:
         """A job's state, step, loss, tokens/s, ETA, memory, checkpoints and events (log tail if it failed)."""
-        ft = finetuner(app_state(ctx))
+        # the first call builds the service (opens the jobs database, reconciles jobs): off the event loop
+        ft = await anyio.to_thread.run_sync(finetuner, app_state(ctx))
         st = await anyio.to_thread.run_sync(ft.status, job_id, include_log)
         deadline = time.monotonic() + wait_seconds
         start = (st.state, st.step)
@@ -195,10 +196,13 @@ def register(mcp: MCPServer[Any]) -> None:
         """Merge a finished adapter into a 16-bit copy of its base, saved as a model infer_load serves."""
         require(ok, f"merging '{job}'")
         state = app_state(ctx)
-        merger = services.merger(state)
-        spec = await anyio.to_thread.run_sync(merger.prepare, finetuner(state), job, output_name, dtype, gguf)
+        # building the services the first time opens databases and files: off the event loop
+        merger, ft, ledger = await anyio.to_thread.run_sync(
+            lambda: (services.merger(state), finetuner(state), services.ledger(state))
+        )
+        spec = await anyio.to_thread.run_sync(merger.prepare, ft, job, output_name, dtype, gguf)
         # the merge process holds the base and the merged weights at once, plus a torch runtime: reserved first
-        ledger, owner = services.ledger(state), f"merge {spec['name']}"
+        owner = f"merge {spec['name']}"
         needs = {"host": 2 * spec["parameters"] * BYTES[spec["dtype"]] / 1e9 + MERGE_RUNTIME_GB}
         await anyio.to_thread.run_sync(lambda: ledger.reserve(owner, "finetune", needs, "waiting for the merge to end"))
         try:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 from pydantic import BaseModel, Field
 
 from gpubox.child import python_module, run_child
@@ -224,38 +225,38 @@ class Merger:
             raise BusyError(f"a merge into '{self.running}' is running; one merge at a time, try again after it")
         self.running = spec["name"]
         tmp = Path(spec["tmp_dir"])
+        # the file work (staging, reading the result, sizing the output, removing trees of GBs) runs off the event
+        # loop; removals run shielded, so a cancelled merge still cleans up
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            (tmp / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-            t0 = time.monotonic()
             # the process moves the HF folder into models/ before it writes the GGUF; a merge stopped after that
             # (time limit, cancel) must not leave a half-finished model behind, so what it placed is removed
             outputs = [Path(p) for p in (spec["hf_out"], spec.get("gguf_out")) if p]
-            existed = {p for p in outputs if p.exists()}
+            existed = await anyio.to_thread.run_sync(_stage, tmp, spec, outputs)
+            t0 = time.monotonic()
             try:
                 log = await self._child(tmp, time_limit_s, progress)
             except BaseException:
-                for p in outputs:
-                    if p in existed:
-                        continue
-                    if p.is_dir():
-                        shutil.rmtree(p, ignore_errors=True)
-                    else:
-                        p.unlink(missing_ok=True)
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_remove, [p for p in outputs if p not in existed])
                 raise
-            out = json.loads((tmp / "result.json").read_text()) if (tmp / "result.json").is_file() else None
-            if out is None:
-                tail = "\n".join(log[-15:])
-                raise InvalidInputError(f"the merge process failed; its last output:\n{tail}")
-            if out.get("error"):
-                raise InvalidInputError(out["error"])
-            if spec["gguf"] != "none" and not out.get("gguf_path"):
-                raise InvalidInputError(no_gguf_origin(out["hf_path"], spec["name"]))
-            return self._result(spec, out, time.monotonic() - t0)
+            return await anyio.to_thread.run_sync(self._finish, spec, tmp, log, t0)
         finally:
-            self.running = None
-            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_remove, [tmp])
+            finally:
+                self.running = None  # after the removal: the next merge of this name stages the same tmp dir
+
+    def _finish(self, spec: dict[str, Any], tmp: Path, log: list[str], t0: float) -> MergeResult:
+        out = json.loads((tmp / "result.json").read_text()) if (tmp / "result.json").is_file() else None
+        if out is None:
+            tail = "\n".join(log[-15:])
+            raise InvalidInputError(f"the merge process failed; its last output:\n{tail}")
+        if out.get("error"):
+            raise InvalidInputError(out["error"])
+        if spec["gguf"] != "none" and not out.get("gguf_path"):
+            raise InvalidInputError(no_gguf_origin(out["hf_path"], spec["name"]))
+        return self._result(spec, out, time.monotonic() - t0)
 
     def _result(self, spec: dict[str, Any], out: dict[str, Any], seconds: float) -> MergeResult:
         gguf_path = Path(out["gguf_path"]) if out.get("gguf_path") else None
@@ -300,6 +301,22 @@ class Merger:
                 "Give it a larger time_limit_s (a 7B model takes minutes on a GPU box, longer on CPU)"
             )
         return out.lines
+
+
+def _stage(tmp: Path, spec: dict[str, Any], outputs: list[Path]) -> set[Path]:
+    """A fresh tmp dir holding the spec; returns the outputs that already existed (a failed merge keeps them)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "spec.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    return {p for p in outputs if p.exists()}
+
+
+def _remove(paths: list[Path]) -> None:
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _size(path: Path) -> int:

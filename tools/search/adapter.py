@@ -39,7 +39,8 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> IndexResult:
         """Index or re-index (incrementally) a code directory for search_code. Long runs continue in the
         background: poll search_list."""
-        svc = search_service(app_state(ctx))
+        # the first call builds the service (its state dir, a dropped index's leftovers removed): off the event loop
+        svc = await anyio.to_thread.run_sync(search_service, app_state(ctx))
         inc, exc = include or [], exclude or []
         if dry_run:
             return await anyio.to_thread.run_sync(lambda: svc.dry_run(path, name, inc, exc, max_file_bytes))
