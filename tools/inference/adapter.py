@@ -31,7 +31,15 @@ if TYPE_CHECKING:
     from gpubox.tools.serve.liveness import Liveness
 
 ModelName = Annotated[str | None, Field(description="Default: the loaded one, else the bundled SmolLM2")]
-MaxTokens = Annotated[int, Field(ge=1, le=131_072)]
+MaxTokens = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=131_072,
+        description="Default 256, lowered to the room the context leaves; a larger one given is refused",
+    ),
+]
+DEFAULT_MAX_TOKENS = 256
 Temperature = Annotated[float, Field(ge=0, le=5, description="0 = greedy")]
 TopP = Annotated[float, Field(gt=0, le=1)]
 TopK = Annotated[int, Field(ge=0, le=1000, description="0 = off")]
@@ -45,6 +53,17 @@ Schema = Annotated[dict[str, Any] | None, Field(description="JSON schema the out
 
 def manager(state: AppState) -> ModelManager:
     return models(state)
+
+
+async def manager_off_loop(ctx: Context) -> ModelManager:
+    """The model manager, from a worker thread: its first build opens the box ledger (a file lock another gpubox
+    server may hold, NVML), and a caller waits there while another caller builds it."""
+    return await anyio.to_thread.run_sync(manager, app_state(ctx))
+
+
+def gen_params(max_tokens: int | None, *rest: Any) -> GenParams:
+    """The request's GenParams; an unset max_tokens is the default, lowered to the room left (`fit`)."""
+    return GenParams(max_tokens or DEFAULT_MAX_TOKENS, *rest, fit=max_tokens is None)
 
 
 async def served(state: AppState, model: str | None) -> tuple[EngineRecord, Liveness] | None:
@@ -104,7 +123,7 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> LoadResult:
         """Load a model with GPU layers and context planned for free memory; evicts idle models if that makes
         room, else refuses naming who holds the memory."""
-        mgr = manager(app_state(ctx))
+        mgr = await manager_off_loop(ctx)
         return await anyio.to_thread.run_sync(
             lambda: mgr.load(
                 name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s, pin
@@ -114,7 +133,7 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Unload a model")
     async def infer_unload(ctx: Context, name: str) -> UnloadResult:
         """Free a loaded model's memory (after its running request)."""
-        mgr = manager(app_state(ctx))
+        mgr = await manager_off_loop(ctx)
         return await anyio.to_thread.run_sync(mgr.unload, name)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Chat", more=SAMPLING_MORE)
@@ -122,7 +141,7 @@ def register(mcp: MCPServer[Any]) -> None:
         ctx: Context,
         messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000)],
         model: ModelName = None,
-        max_tokens: MaxTokens = 256,
+        max_tokens: MaxTokens = None,
         temperature: Temperature = 0.7,
         top_p: TopP = 0.95,
         top_k: TopK = 40,
@@ -132,7 +151,7 @@ def register(mcp: MCPServer[Any]) -> None:
         json_schema: Schema = None,
     ) -> GenerationResult:
         """Chat with a model using its chat template; text streams as progress. A served model's engine answers."""
-        params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
+        params = gen_params(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         msgs = [m.model_dump() for m in messages]
         route = await served(app_state(ctx), model)
         if route is not None:
@@ -140,14 +159,14 @@ def register(mcp: MCPServer[Any]) -> None:
 
             engine, live = route
             return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model, live=live)
-        return await service.generate(manager(app_state(ctx)), model, msgs, None, params, ctx.report_progress)
+        return await service.generate(await manager_off_loop(ctx), model, msgs, None, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Complete", more=SAMPLING_MORE)
     async def infer_complete(
         ctx: Context,
         prompt: Annotated[str, Field(min_length=1, max_length=4_000_000)],
         model: ModelName = None,
-        max_tokens: MaxTokens = 256,
+        max_tokens: MaxTokens = None,
         temperature: Temperature = 0.7,
         top_p: TopP = 0.95,
         top_k: TopK = 40,
@@ -157,14 +176,14 @@ def register(mcp: MCPServer[Any]) -> None:
         json_schema: Schema = None,
     ) -> GenerationResult:
         """Continue a raw prompt (no chat template); text streams as progress."""
-        params = GenParams(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
+        params = gen_params(max_tokens, temperature, top_p, top_k, repeat_penalty, stop or [], seed, json_schema)
         route = await served(app_state(ctx), model)
         if route is not None:
             from gpubox.tools.serve import remote
 
             engine, live = route
             return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model, live=live)
-        return await service.generate(manager(app_state(ctx)), model, None, prompt, params, ctx.report_progress)
+        return await service.generate(await manager_off_loop(ctx), model, None, prompt, params, ctx.report_progress)
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")
     async def infer_benchmark(
@@ -180,7 +199,7 @@ def register(mcp: MCPServer[Any]) -> None:
         route = await served(state, model)
         if route is not None:
             engine, live = route
-            held = await anyio.to_thread.run_sync(services.ledger(state).holding, f"engine {engine.id}")
+            held = await anyio.to_thread.run_sync(lambda: services.ledger(state).holding(f"engine {engine.id}"))
             memory = sum(held.devices.values()) if held else 0.0
             from gpubox.tools.serve import remote
 
@@ -213,6 +232,7 @@ def register(mcp: MCPServer[Any]) -> None:
                 return exc
             return m.id, m.decode_efficiency
 
+        mgr = await manager_off_loop(ctx)
         return await service.benchmark(
-            manager(state), model, requests, concurrency, prompt_tokens, max_tokens, record, ctx.report_progress
+            mgr, model, requests, concurrency, prompt_tokens, max_tokens, record, ctx.report_progress
         )

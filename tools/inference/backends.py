@@ -6,6 +6,7 @@ Both stream tokens to `on_text` and stop promptly when `cancel` is set. Heavy im
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import secrets
 import sys
@@ -20,6 +21,7 @@ from typing import Any, Literal, TypeVar
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
 from gpubox.tools.inference import load_probe
+from gpubox.tools.inference.context import context_error, room_for
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
@@ -53,6 +55,7 @@ class GenParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
+    fit: bool = False  # max_tokens is the tools' default, not the caller's: lowered to the room the prompt leaves
 
 
 @dataclass
@@ -65,14 +68,6 @@ class GenOutput:
     prefill_tps: float | None
     decode_tps: float | None
     total_s: float
-
-
-def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int) -> CapacityError:
-    return CapacityError(
-        f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
-        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} > {n_ctx}). Shorten "
-        f"the prompt, lower max_tokens, or reload with infer_load context_length={prompt_tokens + max_tokens}."
-    )
 
 
 class LlamaBackend:
@@ -164,10 +159,6 @@ class LlamaBackend:
     ) -> GenOutput:
         import llama_cpp
 
-        if prompt is not None:
-            n_prompt = self._count(prompt)
-            if n_prompt + p.max_tokens > self.n_ctx:
-                raise context_error(n_prompt, p.max_tokens, self.n_ctx)
         kwargs: dict[str, Any] = {
             "max_tokens": p.max_tokens,
             "temperature": p.temperature,
@@ -191,6 +182,9 @@ class LlamaBackend:
             # every completion (chat template applied) passes its whole prompt here. Set for this call only, so
             # no lasting cycle keeps a dropped model alive until a garbage collection
             self.prompt_tokens = len(tokens)
+            # the room check for both tools, on the tokens llama.cpp evaluates (for a chat, its template applied):
+            # llama-cpp-python would quietly lower a max_tokens that does not fit; a `fit` one it lowers as asked
+            room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx)
             return generate(tokens, *args, **kwargs)
 
         self.llm.generate = counted
@@ -314,8 +308,7 @@ class TransformersBackend:
             raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
         inputs = self.tokenizer(self._prompt_text(messages, prompt), return_tensors="pt").to(self.model.device)
         n_prompt = int(inputs["input_ids"].shape[1])
-        if n_prompt + p.max_tokens > self.n_ctx:
-            raise context_error(n_prompt, p.max_tokens, self.n_ctx)
+        p = dataclasses.replace(p, max_tokens=room_for(n_prompt, p.max_tokens, p.fit, self.n_ctx))
         if p.seed is not None:
             torch.manual_seed(p.seed)
         # the timeout lets the reader notice a generate thread that died without ending the stream (hf_stream)

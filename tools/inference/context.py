@@ -1,0 +1,24 @@
+"""What a request may generate in a loaded model's context: the same rule for infer_chat and infer_complete on
+every backend, counted on the prompt the model evaluates (for a chat, its template applied)."""
+
+from __future__ import annotations
+
+from gpubox.errors import CapacityError
+
+
+def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int) -> int:
+    """The tokens to generate after the prompt: `max_tokens` when it fits in the context. A caller's that does not
+    is refused (as vLLM and OpenAI do), never quietly lowered; the tools' default (`fit`) is lowered to the room left
+    (its answer then ends with finish_reason "length"). A prompt that leaves no room is refused either way."""
+    room = n_ctx - prompt_tokens
+    if max_tokens <= room or (fit and room > 0):
+        return min(max_tokens, room)
+    raise context_error(prompt_tokens, max_tokens, n_ctx)
+
+
+def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int) -> CapacityError:
+    return CapacityError(
+        f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
+        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} > {n_ctx}). Shorten "
+        f"the prompt, lower max_tokens, or reload with infer_load context_length={prompt_tokens + max_tokens}."
+    )
