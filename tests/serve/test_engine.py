@@ -225,6 +225,52 @@ async def test_a_request_closed_midway_is_aborted_by_the_engine(box: Any) -> Non
     assert out["completion_tokens"] > 0
 
 
+async def test_a_max_tokens_beyond_the_engines_context_is_refused_and_an_unset_one_is_lowered(box: Any) -> None:
+    """The rule of an in-process model: vLLM would quietly lower a max_tokens given beyond its context."""
+    import re
+
+    from gpubox.tools.serve import client
+
+    mcp, engines = box
+    main = engines["main"]
+    n_ctx = main["plan"]["max_model_len"]
+    async with Client(mcp) as c:
+        chat = await call_err(c, "infer_chat", model=MODEL, messages=PARIS, max_tokens=n_ctx, temperature=0)
+        done = await call_err(c, "infer_complete", model=MODEL, prompt="The capital of France is", max_tokens=n_ctx)
+        # the engine answers the next request
+        out = await call_ok(c, "infer_chat", model=MODEL, messages=PARIS, max_tokens=24, temperature=0)
+    assert "Paris" in out["text"], out
+    for text in (chat, done):
+        found = re.search(r"the prompt is (\d+) tokens", text)
+        assert "context length exceeded" in text and found and int(found[1]) > 0, text
+        need = int(found[1]) + n_ctx
+        assert f"context of {n_ctx} tokens" in text and f"({need} > {n_ctx})" in text, text
+        assert f"serve_stop engine_id='{main['id']}'" in text and f"max_model_len={need}" in text, text
+
+    # a prompt that leaves a few tokens of room, counted by the engine
+    one = "The quick brown fox jumps over the lazy dog."
+    body = {"model": MODEL}
+
+    async def count(n: int) -> int:
+        counted = await client.tokenize(main["base_url"], main["api_key"], {**body, "prompt": one * n}, 60)
+        assert counted is not None and counted[1] == n_ctx, counted
+        return counted[0]
+
+    first, per = await count(1), await count(2) - await count(1)
+    n = (n_ctx - 2 - first) // per + 1
+    while (prompt_tokens := await count(n)) > n_ctx - 2:  # a sentence's count may vary by a token at its seam
+        n -= 1
+    room = n_ctx - prompt_tokens
+    assert 2 <= room <= 2 * per + 2 < 256, (room, per)
+    async with Client(mcp) as c:
+        over = await call_err(c, "infer_complete", model=MODEL, prompt=one * n, max_tokens=room + 1, temperature=0)
+        assert f"({n_ctx + 1} > {n_ctx})" in over, over
+        # an unset max_tokens (256) is lowered to the room left: the answer ends at the context
+        res = await call_ok(c, "infer_complete", model=MODEL, prompt=one * n, temperature=0)
+    assert res["finish_reason"] == "length" and res["completion_tokens"] == room, res
+    assert res["prompt_tokens"] == prompt_tokens, res
+
+
 async def test_attach_routes_an_existing_server_and_never_stops_it(box: Any, tmp_path: Path) -> None:
     mcp, engines = box
     main = engines["main"]

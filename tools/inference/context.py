@@ -16,9 +16,11 @@ def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int) -> int:
     raise context_error(prompt_tokens, max_tokens, n_ctx)
 
 
-def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int) -> CapacityError:
+def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int, larger: str | None = None) -> CapacityError:
+    """`larger`: how to get a larger context where infer_load does not give it (an engine is restarted)."""
+    need = prompt_tokens + max_tokens
     return CapacityError(
         f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
-        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} > {n_ctx}). Shorten "
-        f"the prompt, lower max_tokens, or reload with infer_load context_length={prompt_tokens + max_tokens}."
+        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). Shorten the prompt, lower "
+        f"max_tokens, or {larger or f'reload with infer_load context_length={need}'}."
     )

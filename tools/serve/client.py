@@ -1,5 +1,6 @@
 """An OpenAI-compatible engine over HTTP (vLLM, SGLang, llama.cpp's llama-server, Ollama's /v1): health, models,
-Prometheus metrics and streamed chat/completions. Plain httpx, so any such server is reached the same way."""
+Prometheus metrics, streamed chat/completions and vLLM's /tokenize. Plain httpx, so any such server is reached the
+same way."""
 
 from __future__ import annotations
 
@@ -252,6 +253,35 @@ async def _stream(
             yield chunk
         what = f"closed its stream after {events} chunks without [DONE]" if events else "sent no chunk (no 'data:')"
         raise StreamEnded(who, f"{what}: the answer is incomplete", f"retry, or {fix}")
+
+
+# A /tokenize answer lists the prompt's token ids: parsed in a worker thread past this size (a long prompt's list is
+# megabytes), not on the loop every client shares
+PARSE_ON_LOOP = 2**16
+
+
+async def tokenize(base_url: str, api_key: str | None, body: dict[str, Any], timeout: float) -> tuple[int, int] | None:
+    """vLLM's POST /tokenize (at the server root, beside /health): the prompt's token count as the engine counts it
+    (`body` holds "messages" for a chat, its template applied as for /chat/completions, or "prompt") and the
+    engine's max_model_len. None when the check could not run (no such route, an error, an answer without the two
+    numbers): the request is then sent as before, since only the engine can refuse or lower it; a count must not
+    fail a request the engine itself would answer."""
+    url, limit = root_of(base_url) + "/tokenize", httpx.Timeout(timeout, connect=10.0)
+    try:
+        async with (
+            _pooled(base_url) as c,
+            c.stream("POST", url, json=body, headers=headers(api_key), timeout=limit) as r,
+        ):
+            if r.status_code != 200:
+                return None
+            raw = await _read_capped(r, f"the engine at {base_url}", "check the server")
+        answer = json.loads(raw) if len(raw) <= PARSE_ON_LOOP else await anyio.to_thread.run_sync(json.loads, raw)
+        count, n_ctx = answer["count"], answer["max_model_len"]
+    except (httpx.HTTPError, UpstreamError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if type(count) is not int or type(n_ctx) is not int or count < 0 or n_ctx < 1:
+        return None
+    return count, n_ctx
 
 
 class StreamEnded(UpstreamError):

@@ -19,6 +19,7 @@ import anyio
 from gpubox.errors import BusyError, InvalidInputError, UpstreamError
 from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
+from gpubox.tools.inference.context import context_error
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 from gpubox.tools.inference.service import FILLER, drive, timing
@@ -43,6 +44,36 @@ def _fix(rec: EngineRecord) -> str:
             f"engine_id='{rec.id}' then serve_start restarts it"
         )
     return f"check the server at {rec.base_url} and its log, restart it, or serve_stop engine_id='{rec.id}' to detach"
+
+
+async def check_room(
+    rec: EngineRecord,
+    messages: list[dict[str, str]] | None,
+    prompt: str | None,
+    p: GenParams,
+    model: str,
+    timeout: float,
+) -> None:
+    """A max_tokens the caller gave that does not fit after the prompt in a vLLM engine's context is refused with
+    the context error of an in-process model (context.room_for), before anything is generated: vLLM would lower it
+    without a word (its get_max_tokens takes min(max_model_len - prompt tokens, max_tokens)). The engine counts the
+    prompt (/tokenize). An unset max_tokens (`p.fit`) is vLLM's to lower, as the rule asks: its answer then ends
+    with finish_reason "length". An attached server is not asked: the OpenAI API has no /tokenize, so each server's
+    own rule applies to a max_tokens beyond its context (refused, lowered or cut, as that server does). A /tokenize
+    that cannot answer leaves the request as it was."""
+    if rec.engine != "vllm" or p.fit:
+        return
+    body = {"model": model, **({"messages": messages} if messages is not None else {"prompt": prompt})}
+    counted = await client.tokenize(rec.base_url, rec.api_key, body, timeout)
+    if counted is not None and counted[0] + p.max_tokens > counted[1]:
+        count, n_ctx = counted
+        raise context_error(
+            count,
+            p.max_tokens,
+            n_ctx,
+            f"restart the engine with a larger context: serve_stop engine_id='{rec.id}', then serve_start the same "
+            f"model with name='{rec.model}' max_model_len={count + p.max_tokens}",
+        )
 
 
 def request_body(
@@ -99,6 +130,8 @@ async def generate(
                 watching(live) as touch,
                 contextlib.aclosing(client.stream(rec.base_url, rec.api_key, path, body, timeout, who, fix)) as sse,
             ):
+                await check_room(rec, messages, prompt, p, body["model"], timeout)  # under the watch and the deadline
+                t0 = time.perf_counter()  # the answer's times start at its request, after the count
                 try:
                     async for raw in sse:
                         touch()
