@@ -85,10 +85,12 @@ def security_settings(settings: Settings) -> TransportSecuritySettings:
         origins += [f"http://{n}:*" for n in extra] + [f"https://{n}:*" for n in extra]
     hosts += with_default_port(settings.allowed_hosts)
     origins += with_default_port(settings.allowed_origins)
+    # in lower case: the guard hands the SDK's case-sensitive check lower-case headers, so a configured
+    # 'GPU-Box.example:*' or a host name with capitals matched no request
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=list(dict.fromkeys(hosts)),
-        allowed_origins=list(dict.fromkeys(origins)),
+        allowed_hosts=list(dict.fromkeys(h.lower() for h in hosts)),
+        allowed_origins=list(dict.fromkeys(o.lower() for o in origins)),
     )
 
 
@@ -99,7 +101,7 @@ def with_default_port(patterns: list[str]) -> list[str]:
     out: list[str] = []
     for p in patterns:
         out.append(p)
-        if p.endswith(":*"):
+        if p.endswith(":*") and len(p) > 2:
             out.append(p[:-2])
     return out
 

@@ -240,18 +240,19 @@ def test_a_configured_any_port_entry_also_allows_the_default_port(tmp_path: Path
 
 @pytest.mark.slow
 def test_a_port_less_host_passes_the_guard_and_the_sdk_behind_it(tmp_path: Path) -> None:
-    env = child_env(
-        tmp_path, GPUBOX_ALLOWED_HOSTS="gpu-box.example:*", GPUBOX_ALLOWED_ORIGINS="https://gpu-box.example:*"
+    env = child_env(  # capitals as a user may write them: Host and Origin compare without case
+        tmp_path, GPUBOX_ALLOWED_HOSTS="GPU-Box.example:*", GPUBOX_ALLOWED_ORIGINS="https://GPU-Box.example:*"
     )
     with running_http_server(tmp_path, env=env) as (base, token, _, _):
 
-        async def go() -> tuple[int, int, int]:
+        async def go() -> tuple[int, int, int, int]:
             return (
                 await _status(base, token, Host="gpu-box.example", Origin="https://gpu-box.example"),
                 await _status(base, token, Host="gpu-box.example:443"),
                 await _status(base, token, Host="other.example"),
+                await _status(base, token, Host="gpu-box.example", Origin="http://gpu-box.example"),
             )
 
         import anyio
 
-        assert anyio.run(go) == (200, 200, 421)
+        assert anyio.run(go) == (200, 200, 421, 403)  # the scheme is compared too
