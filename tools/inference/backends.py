@@ -306,7 +306,7 @@ class TransformersBackend:
 
         if p.json_schema is not None:
             raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
-        inputs = self.tokenizer(self._prompt_text(messages, prompt), return_tensors="pt").to(self.model.device)
+        inputs = self.inputs(messages, prompt).to(self.model.device)
         n_prompt = int(inputs["input_ids"].shape[1])
         p = dataclasses.replace(p, max_tokens=room_for(n_prompt, p.max_tokens, p.fit, self.n_ctx))
         if p.seed is not None:
@@ -343,6 +343,13 @@ class TransformersBackend:
             decode_tps=(n_new - 1) / decode_s if n_new > 1 and decode_s > 0 else None,
             total_s=total,
         )
+
+    def inputs(self, messages: list[dict[str, str]] | None, prompt: str | None) -> Any:
+        """The token ids the model reads. A chat template writes its own BOS where it wants one, so the rendered
+        chat is tokenized without special tokens (a Llama-style tokenizer added a second BOS in front: the
+        model read a malformed prompt and the context check counted one token too many)."""
+        text = self._prompt_text(messages, prompt)
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=messages is None)
 
     def _prompt_text(self, messages: list[dict[str, str]] | None, prompt: str | None) -> str:
         """The text to tokenize: chat messages through the model's chat template, else the raw prompt."""

@@ -1,0 +1,36 @@
+"""The transformers backend tokenizes a rendered chat without adding special tokens again: a chat template writes
+its own BOS, and a Llama-style tokenizer (one whose post-processor prepends BOS) put a second one in front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_hf
+from tests.finetune.conftest import hf_base  # noqa: F401  (the fixture: the real SmolLM2 tokenizer)
+
+pytestmark = [requires_hf, pytest.mark.slow]  # the fixture may dequantize the GGUF first
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_a_chat_gets_the_template_s_tokens_only_and_a_raw_prompt_keeps_its_bos(hf_base: Path) -> None:  # noqa: F811
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from gpubox.tools.inference.backends import TransformersBackend
+
+    tok = AutoTokenizer.from_pretrained(str(hf_base))
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    # as Llama's tokenizer does: every encoding with special tokens starts with BOS
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", bos)]
+    )
+    backend = TransformersBackend.__new__(TransformersBackend)  # the tokenizer only: no model weights needed
+    backend.tokenizer = tok
+    rendered = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    chat_ids = backend.inputs(CHAT, None)["input_ids"][0].tolist()
+    assert chat_ids == tok(rendered, add_special_tokens=False)["input_ids"]  # no BOS added before the template
+    assert chat_ids.count(bos) == rendered.count("<|endoftext|>")
+    raw_ids = backend.inputs(None, "The capital of France is")["input_ids"][0].tolist()
+    assert raw_ids[0] == bos  # a raw prompt is tokenized as the model expects, BOS first
