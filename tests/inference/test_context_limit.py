@@ -66,7 +66,9 @@ async def test_a_given_max_tokens_beyond_the_context_is_refused_alike_and_the_mo
         # before: llama.cpp's chat answered with max_tokens quietly lowered to the room left (216 tokens)
         for err in (complete_err, chat_err):
             assert "context length exceeded" in err and f"context of {CTX} tokens" in err, err
-            assert "max_tokens is 400" in err and "lower max_tokens" in err and "context_length=" in err, err
+            assert "max_tokens is 400" in err and "context_length=" in err, err
+            told = re.search(r"prompt is (\d+) tokens.*lower max_tokens to (\d+) or less", err)
+            assert told is not None and int(told[2]) == CTX - int(told[1]), err  # the most that fits, named
         assert shape(complete_err) == shape(chat_err)
         # nothing lost: still loaded as it was, and the next request that fits is answered
         models = {m["name"]: m for m in (await call_ok(client, "infer_models"))["models"]}

@@ -18,9 +18,10 @@ def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int) -> int:
 
 def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int, larger: str | None = None) -> CapacityError:
     """`larger`: how to get a larger context where infer_load does not give it (an engine is restarted)."""
-    need = prompt_tokens + max_tokens
+    need, room = prompt_tokens + max_tokens, n_ctx - prompt_tokens
+    fix = f"Shorten the prompt, lower max_tokens to {room} or less" if room > 0 else "Shorten the prompt"
     return CapacityError(
         f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
-        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). Shorten the prompt, lower "
-        f"max_tokens, or {larger or f'reload with infer_load context_length={need}'}."
+        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). {fix}, "
+        f"or {larger or f'reload with infer_load context_length={need}'}."
     )
