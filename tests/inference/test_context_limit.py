@@ -159,3 +159,14 @@ async def test_the_model_manager_is_built_off_the_event_loop(
         finally:
             gate.release.set()
     assert answer and answer[0].is_error == (tool != "infer_unload")  # the tool's own path ran after the build
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "name"), BACKENDS)
+async def test_a_max_tokens_beyond_what_the_model_reads_gets_no_reload_hint(env: Any, backend: str, name: str) -> None:
+    async with Client(env) as client:
+        await call_ok(client, "infer_load", name=name, backend=backend, context_length=CTX)
+        err = await call_err(client, "infer_complete", model=name, prompt="Once upon a time", max_tokens=8192)
+    # infer_load caps context_length at the model's 8192 tokens: "reload with context_length=8197" could never help
+    assert "reads at most 8192 tokens" in err and "context_length=" not in err, err
+    assert re.search(r"lower max_tokens to \d+ or less", err), err

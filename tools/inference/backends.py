@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from gpubox.errors import CapacityError, GpuboxError, InvalidInputError
 from gpubox.extras import require
 from gpubox.tools.inference import load_probe
-from gpubox.tools.inference.context import context_error, room_for
+from gpubox.tools.inference.context import context_error, room_for, trained_context
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
@@ -97,6 +97,7 @@ class LlamaBackend:
             self._thread.shutdown(wait=False)
             raise
         self.n_ctx = n_ctx
+        self.n_ctx_train = trained_context(self.llm)
         self.path = path
         self.prompt_tokens = 0  # of the last generation: its whole prompt, a cached prefix included
 
@@ -184,7 +185,7 @@ class LlamaBackend:
             self.prompt_tokens = len(tokens)
             # the room check for both tools, on the tokens llama.cpp evaluates (for a chat, its template applied):
             # llama-cpp-python would quietly lower a max_tokens that does not fit; a `fit` one it lowers as asked
-            room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx)
+            room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train)
             return generate(tokens, *args, **kwargs)
 
         self.llm.generate = counted
@@ -214,7 +215,7 @@ class LlamaBackend:
         except ValueError as exc:
             m = re.search(r"Requested tokens \((\d+)\) exceed context window of (\d+)", str(exc))
             if m:
-                raise context_error(int(m.group(1)), p.max_tokens, int(m.group(2))) from exc
+                raise context_error(int(m.group(1)), p.max_tokens, int(m.group(2)), n_max=self.n_ctx_train) from exc
             raise
         finally:
             vars(self.llm).pop("generate", None)  # the class's own again
@@ -289,6 +290,7 @@ class TransformersBackend:
         model.eval()
         self.model: Any = model
         self.n_ctx = n_ctx
+        self.n_ctx_train: int | None = getattr(model.config, "max_position_embeddings", None)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
@@ -308,7 +310,7 @@ class TransformersBackend:
             raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
         inputs = self.inputs(messages, prompt).to(self.model.device)
         n_prompt = int(inputs["input_ids"].shape[1])
-        p = dataclasses.replace(p, max_tokens=room_for(n_prompt, p.max_tokens, p.fit, self.n_ctx))
+        p = dataclasses.replace(p, max_tokens=room_for(n_prompt, p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train))
         if p.seed is not None:
             torch.manual_seed(p.seed)
         # the timeout lets the reader notice a generate thread that died without ending the stream (hf_stream)

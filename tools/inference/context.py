@@ -3,25 +3,43 @@ every backend, counted on the prompt the model evaluates (for a chat, its templa
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpubox.errors import CapacityError
 
 
-def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int) -> int:
+def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int, n_max: int | None = None) -> int:
     """The tokens to generate after the prompt: `max_tokens` when it fits in the context. A caller's that does not
     is refused (as vLLM and OpenAI do), never quietly lowered; the tools' default (`fit`) is lowered to the room left
     (its answer then ends with finish_reason "length"). A prompt that leaves no room is refused either way."""
     room = n_ctx - prompt_tokens
     if max_tokens <= room or (fit and room > 0):
         return min(max_tokens, room)
-    raise context_error(prompt_tokens, max_tokens, n_ctx)
+    raise context_error(prompt_tokens, max_tokens, n_ctx, n_max=n_max)
 
 
-def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int, larger: str | None = None) -> CapacityError:
-    """`larger`: how to get a larger context where infer_load does not give it (an engine is restarted)."""
+def context_error(
+    prompt_tokens: int, max_tokens: int, n_ctx: int, larger: str | None = None, n_max: int | None = None
+) -> CapacityError:
+    """`n_max`: the most context the model takes (its training length), when known: a reload beyond it cannot
+    help (infer_load caps context_length there). `larger`: how to get a larger context where infer_load does not
+    give it (an engine is restarted)."""
     need, room = prompt_tokens + max_tokens, n_ctx - prompt_tokens
     fix = f"Shorten the prompt, lower max_tokens to {room} or less" if room > 0 else "Shorten the prompt"
+    if n_max is not None and need > n_max:
+        fix += f" (the model reads at most {n_max} tokens: no reload makes room for {need})"
+    else:
+        fix += f", or {larger or f'reload with infer_load context_length={need}'}"
     return CapacityError(
         f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
-        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). {fix}, "
-        f"or {larger or f'reload with infer_load context_length={need}'}."
+        f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). {fix}."
     )
+
+
+def trained_context(llm: Any) -> int | None:
+    """The most context a llama.cpp model takes (its training length): infer_load caps a reload there."""
+    n: Any = getattr(getattr(llm, "_model", None), "n_ctx_train", None)  # llama-cpp-python's LlamaModel
+    if not callable(n):
+        return None
+    trained: Any = n()
+    return int(trained)
