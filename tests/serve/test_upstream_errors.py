@@ -1,9 +1,11 @@
 """A model server that answers wrongly is the server's fault, not the caller's: through the MCP tools each such
 answer ends in an UpstreamError whose message names the engine and its URL, quotes what the server sent and says
 what to do about the server (its log, a restart, a detach), never an input error that sends the agent off to
-retry with other arguments. The misbehaving server is test_misbehaving_server's, with a few more answers added
-here. Also: the steps of a request that could block (a long answer's JSON parse, the first TLS context) run off
-the event loop every client shares."""
+retry with other arguments. Two answers are not the server's fault: a base_url that gives no model list at
+serve_attach is the caller's argument to fix, and an error the engine reports inside its stream is classified by
+its code (a refused request, an overload, a failure). The misbehaving server is test_misbehaving_server's, with
+a few more answers added here. Also: the steps of a request that could block (a long answer's JSON parse, the
+first TLS context) run off the event loop every client shares."""
 
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from mcp.server.mcpserver import MCPServer
 
 from gpubox import services
 from gpubox.app import build_server, state_of
-from gpubox.errors import UpstreamError
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError, UpstreamError
 from gpubox.settings import Settings
+from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.serve import client, remote
+from gpubox.tools.serve.schemas import EngineRecord
 from tests.conftest import call_err, call_ok
 from tests.serve.test_misbehaving_server import Fake, Server, attached, say, serving
 
@@ -56,8 +60,35 @@ def _cut_chunked(handler: Fake) -> None:
     handler.close_connection = True
 
 
+def _error_chunk(error: Any) -> Callable[[Fake], None]:
+    """A stream whose one chunk is an error object, then [DONE]: how vLLM reports an error raised while it streams
+    (create_streaming_error_response: {"error": {"message", "type", "param", "code"}}, BadRequestError/400 unless
+    the exception says otherwise)."""
+
+    def answer(handler: Fake) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        handler.event({"choices": [{"delta": {"content": "The"}}]})
+        handler.event({"error": error})
+        handler.wfile.write(b"data: [DONE]\n\n")
+        handler.wfile.flush()
+
+    return answer
+
+
 # answers Fake has not: chosen, like its own, by the last message
 EXTRA: dict[str, Callable[[Fake], None]] = {
+    "err400": _error_chunk(
+        {"message": "'guided_json' is not a valid JSON schema", "type": "BadRequestError", "param": None, "code": 400}
+    ),
+    "errtype": _error_chunk({"message": "stop must be a list", "type": "invalid_request_error", "code": None}),
+    "err429": _error_chunk({"message": "too many requests", "type": "RateLimitError", "code": 429}),
+    "err503": _error_chunk({"message": "engine is draining", "type": "ServiceUnavailableError", "code": 503}),
+    "err500": _error_chunk({"message": "Internal server error", "type": "InternalServerError", "code": 500}),
+    "errtext": _error_chunk("CUDA error: an illegal memory access"),
     "badjson": lambda h: _json_reply(h, b"{not json at all"),
     "bigjson": lambda h: _json_reply(h, b'{"choices": "' + b"z" * (client.MAX_BODY + 2**20) + b'"}'),
     "http500": lambda h: h.reply({"error": "engine core died"}, 500),
@@ -153,17 +184,83 @@ async def test_a_server_that_stopped_answering_its_probe_is_an_upstream_error(tm
             assert "stopped answering: its health probe failed" in text, text
 
 
-async def test_a_broken_model_list_is_an_upstream_error(tmp_path: Path) -> None:
+async def test_attaching_a_url_that_is_not_a_model_list_is_an_input_error(tmp_path: Path) -> None:
+    """The caller's own base_url at fault: attach refuses it as an argument to change, quoting what the URL sent;
+    the same broken list from a server attached earlier is the server's fault (serve_status's error)."""
     with serving() as server:
-        server.models = ({"data": "oops"}, 200)
         mcp = build_server(Settings.load(state_dir=tmp_path / "state"))
         try:
             async with Client(mcp) as c:
+                server.models = ({"data": "oops"}, 200)
                 text = await call_err(c, "serve_attach", base_url=server.url)
+                assert f"did not return an OpenAI model list at {server.url}/models" in text, text
+                assert "usually ending in /v1" in text and '{"data": "oops"}' in text, text
+                assert UpstreamError.LEAD not in text and "serve_stop" not in text, text  # no engine to stop yet
+                with pytest.raises(InvalidInputError, match="OpenAI model list"):
+                    client.models(server.url, None, attaching=True)
+                assert (await call_ok(c, "serve_list"))["engines"] == []
+                server.models = ({"data": [{"id": "fake"}]}, 200)
+                engine_id = (await call_ok(c, "serve_attach", base_url=server.url))["id"]
+                server.models = ({"data": "oops"}, 200)  # broken later: the server's fault now
+                st = await call_ok(c, "serve_status", engine_id=engine_id)
+                with pytest.raises(UpstreamError, match="did not return an OpenAI model list"):
+                    client.models(server.url, None)
         finally:
             state_of(mcp).close()
-    assert_upstream(text, f"the server at {server.url}", server.url, '{"data": "oops"}')
-    assert "did not return an OpenAI model list" in text and "base URL" in text, text
+    assert not st["healthy"] and UpstreamError.LEAD in st["error"], st
+    assert "did not return an OpenAI model list" in st["error"] and '{"data": "oops"}' in st["error"], st
+
+
+# --- an error the engine reports inside its stream ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "said"),
+    [
+        ("err400", InvalidInputError, "'guided_json' is not a valid JSON schema"),
+        ("errtype", InvalidInputError, "stop must be a list"),
+        ("err429", BusyError, "too many requests"),
+        ("err503", BusyError, "engine is draining"),
+        ("err500", UpstreamError, "Internal server error"),
+        ("errtext", UpstreamError, "CUDA error: an illegal memory access"),
+    ],
+)
+@pytest.mark.usefixtures("extra_modes")
+async def test_an_error_the_engine_reports_in_its_stream_is_classified_by_its_code(
+    mode: str, kind: type[GpuboxError], said: str
+) -> None:
+    """vLLM's in-stream {"error": {...}} chunk: a 4xx (or an invalid-request type) refuses the request's arguments,
+    a 429/503 is an overload to retry, anything else the server's fault; each with the engine's own message."""
+    with serving() as server:
+        url = server.url
+        rec = EngineRecord(
+            id="e1",
+            engine="openai",
+            model="fake",
+            source=url,
+            base_url=url,
+            started=0.0,
+            state="attached",
+        )
+        with anyio.fail_after(30), pytest.raises(GpuboxError) as caught:
+            await remote.generate(rec, say(mode), None, GenParams(max_tokens=5), None)
+    assert type(caught.value) is kind, caught.value
+    text = str(caught.value)
+    assert said in text and f"engine e1 ('fake' at {server.url})" in text, text
+    assert "malformed chunk" not in text, text
+    if kind is UpstreamError:
+        assert UpstreamError.LEAD in text and "reported an error" in text, text
+    else:
+        assert UpstreamError.LEAD not in text, text
+
+
+@pytest.mark.usefixtures("extra_modes")
+async def test_an_engine_refusing_the_request_mid_stream_is_an_input_error_through_the_tools(tmp_path: Path) -> None:
+    with serving() as server:
+        async with attached(tmp_path, server) as (c, engine_id):
+            text = await call_err(c, "infer_chat", model="fake", messages=say("err400"), max_tokens=5)
+    assert f"engine {engine_id}" in text and "refused the request" in text, text
+    assert "'guided_json' is not a valid JSON schema" in text and UpstreamError.LEAD not in text, text
 
 
 # --- off the event loop ------------------------------------------------------------------------------------------
@@ -208,7 +305,7 @@ async def _meanwhile(
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(a.call_tool, "infer_chat", args))
             assert await anyio.to_thread.run_sync(entered.wait, 10)
-            with anyio.fail_after(5):
+            with anyio.fail_after(20):  # a shared 2-core box: slow, but never held by A's step
                 await call_ok(b, "serve_list")
             release.set()
 
@@ -230,8 +327,14 @@ async def test_a_long_answer_is_parsed_off_the_event_loop(tmp_path: Path, monkey
 async def test_the_first_tls_context_is_built_off_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    loop_thread, built_on = threading.get_ident(), []
     with held_step() as (hold, entered, release, released):
-        monkeypatch.setattr(client, "_ssl_context", lambda: hold(ssl.create_default_context))
+
+        def build() -> ssl.SSLContext:  # not cached, unlike the real one: each call reads the CA bundle again
+            built_on.append(threading.get_ident())
+            return hold(ssl.create_default_context)
+
+        monkeypatch.setattr(client, "_ssl_context", build)
         with serving() as server:
             async with two_clients(tmp_path, server) as (a, b, mcp, engine_id):
                 # an https engine: its first request builds the process's TLS context (the CA bundle read from disk)
@@ -240,3 +343,4 @@ async def test_the_first_tls_context_is_built_off_the_event_loop(
                 args = {"model": "fake", "messages": say("finished"), "max_tokens": 5}
                 await _meanwhile(a, b, args, entered, release)
     assert released == [True]
+    assert built_on and loop_thread not in built_on, built_on  # the context built off the loop is the one used

@@ -8,9 +8,58 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError, UpstreamError
+
 
 class BadChunk(ValueError):
     """What is wrong with a chunk; remote.generate names the engine and quotes the chunk."""
+
+
+class ReportedError(Exception):
+    """A well-formed chunk in which the server reports an error instead of an answer (vLLM's streaming error
+    response, {"error": {"message", "type", "param", "code"}}, for an exception raised after the stream began):
+    not a malformed chunk. `error` is the object as sent; `classify` says whose fault it is."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(quote(error))
+        self.error = error
+
+
+# What an error's type says when its code does not: vLLM's (create_error_response) and OpenAI's own
+_REFUSED_TYPES = {"BadRequestError", "invalid_request_error", "UnprocessableEntityError", "NotFoundError"}
+_BUSY_TYPES = {"ServiceUnavailableError", "RateLimitError", "rate_limit_exceeded"}
+
+
+def classify(error: Any, who: str, fix: str) -> GpuboxError:
+    """The gpubox error for an error the server reported in its stream, by its HTTP-like code (the type when there
+    is none): a 4xx other than 429 refuses the request's arguments (InvalidInputError, the server's own message),
+    a 429 or 503 is an overload to retry (BusyError), anything else is the server's fault (UpstreamError). vLLM
+    sends BadRequestError with code 400 unless the exception says otherwise, InternalServerError with 500 for an
+    engine that failed mid-generation."""
+    fields = error if isinstance(error, dict) else {}
+    message = fields.get("message", error)
+    said = message if isinstance(message, str) else quote(message)
+    said = said if len(said) <= 800 else f"{said[:800]}... ({len(said)} characters)"
+    kind = fields.get("type")
+    code = _code(fields.get("code"))
+    label = ", ".join(str(x) for x in (kind, code) if x is not None)
+    label = f" ({label})" if label else ""
+    if code in (429, 503) or (code is None and kind in _BUSY_TYPES):
+        return BusyError(f"{who} is overloaded and ended its answer{label}: {said}; retry later")
+    if (code is not None and 400 <= code < 500) or (code is None and kind in _REFUSED_TYPES):
+        return InvalidInputError(f"{who} refused the request while answering{label}; the engine said: {said}")
+    return UpstreamError(who, f"reported an error in its stream{label}: {said}", fix, sent=quote({"error": error}))
+
+
+def _code(value: Any) -> int | None:
+    """An error's code as a number: vLLM sends an int, OpenAI a string that may name no status at all."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 @dataclass
@@ -31,12 +80,13 @@ def quote(value: object, limit: int = 200) -> str:
 
 def parse(chunk: Any, chat: bool) -> Chunk:
     """The text, finish reason and usage of one chunk of /chat/completions (`chat`: choices[].delta.content) or
-    /completions (choices[].text); BadChunk says what does not fit. Absent or null fields are allowed (a role-only
-    first delta, a usage-only last chunk); fields of the wrong type are not."""
+    /completions (choices[].text); BadChunk says what does not fit, ReportedError carries an error the server sent
+    in place of an answer. Absent or null fields are allowed (a role-only first delta, a usage-only last chunk);
+    fields of the wrong type are not."""
     if not isinstance(chunk, dict):
         raise BadChunk(f"a chunk must be a JSON object, not {type(chunk).__name__}")
     if chunk.get("error") is not None:  # vLLM reports a failure mid-stream as a chunk {"error": {...}}
-        raise BadChunk(f"the server reported an error: {quote(chunk['error'])}")
+        raise ReportedError(chunk["error"])
     out = Chunk(usage=_usage(chunk.get("usage")))
     choices = chunk.get("choices")
     if choices is None:

@@ -107,7 +107,10 @@ def healthy(base_url: str, api_key: str | None, timeout: float = 5.0) -> bool:
         return False
 
 
-def models(base_url: str, api_key: str | None, timeout: float = 5.0) -> list[str]:
+def models(base_url: str, api_key: str | None, timeout: float = 5.0, attaching: bool = False) -> list[str]:
+    """The ids /models lists. An answer that is not a model list is the caller's own base_url at fault while
+    `attaching` (an InvalidInputError: no engine exists yet, and another URL is the fix), the server's once it was
+    attached and answered one (an UpstreamError)."""
     try:
         r = _get(base_url.rstrip("/") + "/models", api_key, timeout)
     except httpx.HTTPError as exc:
@@ -119,12 +122,18 @@ def models(base_url: str, api_key: str | None, timeout: float = 5.0) -> list[str
     try:
         return [str(m["id"]) for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
+        sent = quote(r.content.decode("utf-8", "replace"))
+        if attaching:
+            raise InvalidInputError(
+                f"{base_url} did not return an OpenAI model list at {base_url.rstrip('/')}/models; is this the "
+                f"server's OpenAI-compatible base URL (usually ending in /v1)? It sent: {sent}"
+            ) from None
         raise UpstreamError(
             f"the server at {base_url}",
             "did not return an OpenAI model list from /models",
             "check that this is its OpenAI-compatible base URL (vLLM's ends in /v1) and read the server's log; "
             "restart it, or serve_stop its engine_id to detach it",
-            sent=quote(r.content.decode("utf-8", "replace")),
+            sent=sent,
         ) from None
 
 
@@ -198,13 +207,15 @@ _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Pool]] =
 @contextlib.asynccontextmanager
 async def _pooled(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     pools = _POOLS.setdefault(asyncio.get_running_loop(), {})
+    tls: ssl.SSLContext | bool = False  # a loopback http:// engine needs none
     if base_url not in pools and base_url.startswith("https://"):
         # the first TLS context reads the system's CA bundle from disk: in a worker thread, not on the loop every
-        # client shares (cached after); looked up again below, so no await lies between the check and the insert
-        await anyio.to_thread.run_sync(_ssl_context)
+        # client shares (cached after), and that one context is the pool's; looked up again below, so no await lies
+        # between the check and the insert
+        tls = await anyio.to_thread.run_sync(_ssl_context)
     pool = pools.get(base_url)
     if pool is None:
-        pool = pools[base_url] = _Pool(httpx.AsyncClient(limits=_LIMITS, verify=verify(base_url)))
+        pool = pools[base_url] = _Pool(httpx.AsyncClient(limits=_LIMITS, verify=tls))
     pool.users += 1
     try:
         yield pool.client

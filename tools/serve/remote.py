@@ -24,7 +24,7 @@ from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 from gpubox.tools.inference.service import FILLER, drive, timing
 from gpubox.tools.serve import client
-from gpubox.tools.serve.chunks import BadChunk, parse, quote
+from gpubox.tools.serve.chunks import BadChunk, ReportedError, classify, parse, quote
 from gpubox.tools.serve.liveness import Liveness, watching
 from gpubox.tools.serve.schemas import EngineRecord
 
@@ -140,6 +140,8 @@ async def generate(
                             chunk = parse(raw, chat=messages is not None)
                         except BadChunk as exc:
                             raise UpstreamError(who, f"sent a malformed chunk ({exc})", fix, sent=quote(raw)) from None
+                        except ReportedError as exc:  # an error the engine reports: the request's, an overload's
+                            raise classify(exc.error, who, fix) from None
                         usage = chunk.usage or usage
                         for piece in chunk.pieces:
                             first = first or time.perf_counter()
