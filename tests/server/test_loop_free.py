@@ -145,7 +145,8 @@ async def test_search_index_builds_the_search_service_off_the_loop(
     outside = tmp_path / "outside"
     outside.mkdir()
     result = await while_held(server, gate, lambda c: c.call_tool("search_index", {"path": str(outside)}))
-    assert result.is_error and "allowed" in text(result)  # the real path check ran after the build
+    # the real checks ran after the build: the path (or, on a core-only install, the missing embedding model)
+    assert result.is_error and ("allowed" in text(result) or "gpubox[models]" in text(result)), text(result)
 
 
 async def test_bench_builds_its_service_off_the_loop(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
