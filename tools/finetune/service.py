@@ -14,11 +14,12 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
+from gpubox.filelock import exclusive
 from gpubox.settings import Settings
 from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
@@ -58,7 +59,7 @@ class Finetuner:
         # before the queue: a job re-queued below may start (and need the supervisor) at once
         self.supervisor = Supervisor(self.store, self.ledger, calibrate, lambda j: self.status(j, settled=False))
         self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
-        self._slot = threading.Lock()  # checking "no job runs" and starting one happen as one step
+        self._slot_lock = threading.Lock()  # checking "no job runs" and starting one happen as one step
         # a restart re-queues what was waiting (their waiter threads died with it), oldest first
         for row in sorted(self.store.all(), key=lambda r: r["created"]):
             if row["state"] == "queued":
@@ -155,11 +156,20 @@ class Finetuner:
             ) from None
 
     # --- launch ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """The one training slot's check-and-start, serialised across threads and across the gpubox servers that
+        share this state dir (a thread lock alone let two servers launching at once both see no job running and
+        both start one). The thread lock first: a flock is per open file, so threads of one server must not
+        both wait on it. Taken before the ledger's own lock, never inside it."""
+        with self._slot_lock, exclusive(self.root / "slot.lock"):
+            yield
+
     def launch(self, plan_id: str, inject_oom: int = 0, queue: bool = False) -> JobStatus:
         """Start the planned job now (its memory reserved in the box ledger), or with `queue` put it in line for
         memory and for the one training slot; either way the job's files are written before this returns."""
         plan = self.load_plan(plan_id)
-        with self._slot:  # two launches at once: the second sees the first as running
+        with self._slot():  # two launches at once: the second sees the first as running
             return self._launch(plan, plan_id, inject_oom, queue)
 
     def _launch(self, plan: FinetunePlan, plan_id: str, inject_oom: int, queue: bool) -> JobStatus:
@@ -226,7 +236,7 @@ class Finetuner:
             self.queue.cancel(job_id)
 
     def _start_queued(self, job_id: str) -> None:
-        with self._slot:
+        with self._slot():
             if any(r["id"] != job_id for r in self.store.active()):  # another job started after this one's check
                 self.ledger.release(admission.owner(job_id))
                 self._enqueue(job_id)  # in line again, for the one training slot
@@ -330,7 +340,7 @@ class Finetuner:
         row = self.row(job_id)
         if row["state"] not in ("cancelled", "failed"):
             raise InvalidInputError(f"job {job_id} is {row['state']}; only cancelled or failed jobs resume")
-        with self._slot:
+        with self._slot():
             return self._resume(job_id, row["state"])
 
     def _resume(self, job_id: str, was: str) -> JobStatus:
