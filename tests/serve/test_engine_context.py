@@ -151,3 +151,17 @@ async def test_the_count_is_read_through_the_pooled_client() -> None:
     url = server_gone.url
     server_gone.server_close()
     assert await client.tokenize(url, None, {"model": "fake", "prompt": "hi"}, 5.0) is None
+
+
+async def test_a_benchmark_checks_the_room_once_not_in_every_timed_request(
+    tmp_path: Path, tokenizing: list[tuple[str, dict[str, Any]]]
+) -> None:
+    with serving() as server:
+        async with attached(tmp_path, server) as (c, _engine_id, _vllm):
+            args = {"model": "fake", "requests": 4, "concurrency": 2, "prompt_tokens": 8}
+            text = await call_err(c, "infer_benchmark", max_tokens=N_CTX, **args)
+            assert "context length exceeded" in text and paths(tokenizing) == ["/tokenize"], (text, tokenizing)
+            tokenizing.clear()
+            res = await call_ok(c, "infer_benchmark", max_tokens=4, **args)
+            assert res["requests"] == 4  # one count before the clock starts, then the four timed requests only
+            assert paths(tokenizing) == ["/tokenize"] + ["/v1/completions"] * 4, tokenizing
