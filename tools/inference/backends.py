@@ -290,7 +290,7 @@ class TransformersBackend:
         model.eval()
         self.model: Any = model
         self.n_ctx = n_ctx
-        self.n_ctx_train: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.n_ctx_train: int | None = model.config.to_dict().get("max_position_embeddings")  # as infer_load caps it
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])

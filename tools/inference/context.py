@@ -26,7 +26,9 @@ def context_error(
     give it (an engine is restarted)."""
     need, room = prompt_tokens + max_tokens, n_ctx - prompt_tokens
     fix = f"Shorten the prompt, lower max_tokens to {room} or less" if room > 0 else "Shorten the prompt"
-    if n_max is not None and need > n_max:
+    if n_max is not None and need > n_max and n_ctx < n_max and prompt_tokens < n_max:
+        fix += f", or reload with infer_load context_length={n_max} and ask for {n_max - prompt_tokens} or less"
+    elif n_max is not None and need > n_max:
         fix += f" (the model reads at most {n_max} tokens: no reload makes room for {need})"
     else:
         fix += f", or {larger or f'reload with infer_load context_length={need}'}"
