@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One call on a lent H100/H200 box: wheels that box lacks travel in .whl/ (bench/gpu_carry.sh makes it). The
-# QLoRA test's model, trl and bitsandbytes, and a CUDA build of llama-cpp-python, are larger than one call carries:
-# bench/gpu_carry.sh splits them over folders that bench/gpu_unpack.sh installs in calls before this one.
+# One call on a lent H100/H200 box: wheels that box lacks and the llama-cpp-python source travel in .whl/
+# (bench/gpu_carry.sh makes it; the call starts with `GPU_UNPACK_BACKGROUND=1 bash bench/gpu_unpack.sh .whl &&
+# GPU_UNPACK_BACKGROUND=1 bash bench/gpu_unpack.sh --install &&`). The QLoRA test's model, trl and bitsandbytes are
+# larger than one call carries: .ft1-.ft3, one call each, before this one or after it on the warm box.
 # Runs bench/gpu_checks.py + bench/bench_tools_vs_script.py (figures in $OUT, or bench/results/) while llama.cpp
-# builds, then the GPU-marked tests and bench/llama_cuda_bisect.py where llama.cpp was built with CUDA. Each step has its own limit (seconds);
-# the defaults fit everything but the bisect in one 10-minute device call (the whole ran in 141 s on an H200).
+# builds, then the GPU-marked tests and bench/llama_cuda_bisect.py where llama.cpp was built with CUDA. Each step
+# has its own limit (seconds); the whole ran in 321 s on an H200 (bench/results/gpu_h200_20261127/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then

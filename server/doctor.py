@@ -55,9 +55,10 @@ def _torch() -> dict[str, Any]:
 def _llama() -> dict[str, Any]:
     if not is_available("llama_cpp"):
         return {"installed": False}
-    import llama_cpp
-
     from gpubox.tools.inference import load_probe
+    from gpubox.tools.inference.llama_import import llama_cpp as import_llama
+
+    llama_cpp = import_llama()
 
     info = {
         "installed": True,

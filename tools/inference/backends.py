@@ -25,6 +25,7 @@ from gpubox.tools.inference.context import context_error, room_for, trained_cont
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
+from gpubox.tools.inference.llama_import import llama_cpp
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
@@ -108,10 +109,9 @@ class LlamaBackend:
     def _load(
         path: Path, n_ctx: int, n_gpu_layers: int, kv_cache_type: str, n_threads: int | None, lora_path: Path | None
     ) -> Any:
-        from llama_cpp import LLAMA_SPLIT_MODE_NONE, Llama
-
+        L = llama_cpp()
         kv = KV_TYPES[kv_cache_type]
-        return Llama(
+        return L.Llama(
             model_path=str(path),
             n_ctx=n_ctx,
             n_gpu_layers=n_gpu_layers,
@@ -122,7 +122,7 @@ class LlamaBackend:
             flash_attn=kv_cache_type != "f16",  # llama.cpp needs flash attention for a quantised V cache
             # one GPU, the first visible: the load plan is fitted to its free memory and the box ledger reserves
             # it there (llama.cpp's default would spread layers over every visible GPU, unreserved)
-            split_mode=LLAMA_SPLIT_MODE_NONE,
+            split_mode=L.LLAMA_SPLIT_MODE_NONE,
             main_gpu=0,
             lora_path=str(lora_path) if lora_path else None,
             verbose=False,
@@ -158,8 +158,7 @@ class LlamaBackend:
         cancel: threading.Event,
         grammar: str | None,
     ) -> GenOutput:
-        import llama_cpp
-
+        lc = llama_cpp()
         kwargs: dict[str, Any] = {
             "max_tokens": p.max_tokens,
             "temperature": p.temperature,
@@ -173,8 +172,8 @@ class LlamaBackend:
             "stream": True,
         }
         if grammar is not None:
-            kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
-        llama_cpp.llama_perf_context_reset(self.llm.ctx)
+            kwargs["grammar"] = lc.LlamaGrammar.from_string(grammar, verbose=False)
+        lc.llama_perf_context_reset(self.llm.ctx)
         self.prompt_tokens = 0
         generate = self.llm.generate
 
@@ -220,7 +219,7 @@ class LlamaBackend:
         finally:
             vars(self.llm).pop("generate", None)  # the class's own again
         total = time.perf_counter() - t0
-        perf = llama_cpp.llama_perf_context(self.llm.ctx)
+        perf = lc.llama_perf_context(self.llm.ctx)
         n_p, n_e = int(perf.n_p_eval), int(perf.n_eval)
         return GenOutput(
             text="".join(parts),

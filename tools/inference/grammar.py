@@ -308,6 +308,9 @@ def schema_to_gbnf(schema: dict[str, Any]) -> str:
 
 @functools.cache
 def _converter_class() -> type:
+    from gpubox.tools.inference.llama_import import share_cxx_runtime
+
+    share_cxx_runtime()  # before llama_cpp's libraries load (llama_import)
     from llama_cpp.llama_grammar import SchemaConverter
 
     class Converter(SchemaConverter):

@@ -6,6 +6,9 @@ interpreter, and in one that had loaded only gpubox's backend code, but ended th
 layer offloaded and no GPU visible); which library the server shares with torch to cause it was not established.
 So on GPU builds (setting `infer_llama_process`, "auto") each model runs in a child that imports only the backend:
 a crash there ends that child, the server reports it, and the next request for the model loads it again.
+The cause was found on an H200 (bench/results/gpu_h200_20261127/llama_libstdcxx.md: libstdc++ loaded privately by
+numpy before that build's libraries) and is fixed for in-process loads too (llama_import); the child stays the
+default on GPU builds for the isolation it gives a server that several clients share.
 """
 
 from __future__ import annotations

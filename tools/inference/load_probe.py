@@ -9,6 +9,8 @@ has (torch, ..., in the same order), loads through the same code with at most on
 context, and decodes two tokens; a crash there costs one clear error, not the server. A load that passed is not
 probed again in this process with the same settings. Not covered: torch imported after a model is loaded here.
 CPU builds are not probed: nothing of this kind was seen there.
+The crash's cause was found later (llama_import: libstdc++ loaded privately by numpy first) and is fixed before
+every llama_cpp import; the probe stays as the guard against a native fault of a kind not yet seen.
 """
 
 from __future__ import annotations
