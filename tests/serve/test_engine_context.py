@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 
@@ -165,3 +167,34 @@ async def test_a_benchmark_checks_the_room_once_not_in_every_timed_request(
             res = await call_ok(c, "infer_benchmark", max_tokens=4, **args)
             assert res["requests"] == 4  # one count before the clock starts, then the four timed requests only
             assert paths(tokenizing) == ["/tokenize"] + ["/v1/completions"] * 4, tokenizing
+
+
+async def test_a_count_the_engine_never_answers_does_not_hold_the_request(
+    tmp_path: Path, tokenizing: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung /tokenize (the engine still passing its health probe) costs the count's limit, not the request's
+    (600 s): the request is then sent as before, the benchmark's too."""
+    from gpubox.tools.serve import remote
+
+    monkeypatch.setattr(remote, "COUNT_S", 0.5)
+    release = threading.Event()
+    answering = Fake.do_POST
+
+    def do_post(self: Fake) -> None:
+        if self.path.endswith("/tokenize"):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            release.wait(120)  # held until the test ends: the count never comes in time
+            return
+        answering(self)
+
+    monkeypatch.setattr(Fake, "do_POST", do_post)
+    with serving() as server:
+        try:
+            async with attached(tmp_path, server) as (c, _, _):
+                with anyio.fail_after(60):
+                    res = await call_ok(c, "infer_complete", model="fake", prompt="Once upon", max_tokens=5)
+                    assert res["text"] == "ok", res
+                    args = {"model": "fake", "requests": 2, "concurrency": 1, "prompt_tokens": 8}
+                    assert (await call_ok(c, "infer_benchmark", max_tokens=4, **args))["requests"] == 2
+        finally:
+            release.set()

@@ -33,6 +33,9 @@ from gpubox.tools.serve.schemas import EngineRecord
 # answers its health probe (liveness.py), but never without end. A module figure, not a Settings field (the
 # settings module is not the serving family's to change).
 REQUEST_DEADLINE_S = 3600.0
+# The room check's count (/tokenize) is a check, not the answer: an engine that cannot count a prompt within this
+# (a hung one that still passes its health probe) is sent the request as before, under the request's own watch
+COUNT_S = 30.0
 EVENT_MARGIN = 16
 MAX_CHARS_PER_TOKEN = 256  # the longest tokens of common vocabularies (runs of spaces, '=') are far shorter
 
@@ -65,7 +68,7 @@ async def check_room(
     if rec.engine != "vllm" or p.fit:
         return
     body = {"model": model, **({"messages": messages} if messages is not None else {"prompt": prompt})}
-    counted = await client.tokenize(rec.base_url, rec.api_key, body, timeout)
+    counted = await client.tokenize(rec.base_url, rec.api_key, body, min(timeout, COUNT_S))
     if counted is not None and counted[0] + p.max_tokens > counted[1]:
         count, n_ctx = counted
         raise context_error(
@@ -212,7 +215,8 @@ async def benchmark(
     params = GenParams(max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
     # the room is checked once, on the longest prompt, not in every timed request: the engine's latency is measured,
     # not a /tokenize round trip per request (the requests then go as `fit`: nothing left to check)
-    await check_room(rec, None, f"{requests - 1}. {words}", params, rec.model, 600.0)
+    async with watching(live):  # an engine known silent fails here, as a request would
+        await check_room(rec, None, f"{requests - 1}. {words}", params, rec.model, COUNT_S)
     params = dataclasses.replace(params, fit=True)
 
     def send(i: int) -> Awaitable[GenerationResult]:
