@@ -56,7 +56,7 @@ def tokenizing(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any
 
 
 @contextlib.asynccontextmanager
-async def attached(tmp_path: Path, server: Server) -> AsyncIterator[tuple[Client, str, Callable[[bool], None]]]:
+async def attached(tmp_path: Path, server: Server) -> AsyncIterator[tuple[Client, str, Callable[..., None]]]:
     """The fake attached, recorded as an engine gpubox runs with vLLM (no pid: none is checked); the callable
     given sets it back to an attached server (False) or to vLLM again (True)."""
     mcp = build_server(Settings.load(state_dir=tmp_path / "state"))
@@ -64,9 +64,9 @@ async def attached(tmp_path: Path, server: Server) -> AsyncIterator[tuple[Client
         async with Client(mcp) as c:
             engine_id = (await call_ok(c, "serve_attach", base_url=server.url))["id"]
 
-            def vllm(yes: bool) -> None:
+            def vllm(yes: bool, **more: Any) -> None:
                 changes = {"engine": "vllm", "state": "ready"} if yes else {"engine": "openai", "state": "attached"}
-                services.serve(state_of(mcp)).engines.store.set(engine_id, **changes)
+                services.serve(state_of(mcp)).engines.store.set(engine_id, **changes, **more)
 
             vllm(True)
             yield c, engine_id, vllm
@@ -198,3 +198,24 @@ async def test_a_count_the_engine_never_answers_does_not_hold_the_request(
                     assert (await call_ok(c, "infer_benchmark", max_tokens=4, **args))["requests"] == 2
         finally:
             release.set()
+
+
+async def test_the_restart_offered_stays_within_the_models_positions(
+    tmp_path: Path, tokenizing: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """vLLM refuses a max_model_len above the model's positions: the error offers at most that, or none."""
+    from gpubox.tools.serve.schemas import ServePlan
+
+    with serving() as server:
+        async with attached(tmp_path, server) as (c, engine_id, vllm):
+            for positions, expect in [
+                (80, ["max_model_len=80 and ask for 70 or less"]),
+                (N_CTX, ["the model reads at most 64 tokens: no larger context makes room for 110"]),
+                (1000, ["max_model_len=110"]),
+            ]:
+                plan = ServePlan(device="cpu", dtype="bfloat16", max_model_len=N_CTX, model_max_len=positions,
+                                 memory_gb={}, command=[], env={}, reasons=[])  # fmt: skip
+                vllm(True, plan=plan)
+                text = await call_err(c, "infer_complete", model="fake", prompt="Once upon", max_tokens=100)
+                assert all(e in text for e in expect), (positions, text)
+                assert (f"serve_stop engine_id='{engine_id}'" in text) == (positions != N_CTX), text

@@ -3,6 +3,7 @@ every backend, counted on the prompt the model evaluates (for a chat, its templa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpubox.errors import CapacityError
@@ -19,19 +20,24 @@ def room_for(prompt_tokens: int, max_tokens: int, fit: bool, n_ctx: int, n_max: 
 
 
 def context_error(
-    prompt_tokens: int, max_tokens: int, n_ctx: int, larger: str | None = None, n_max: int | None = None
+    prompt_tokens: int,
+    max_tokens: int,
+    n_ctx: int,
+    larger: Callable[[int], str] | None = None,
+    n_max: int | None = None,
 ) -> CapacityError:
-    """`n_max`: the most context the model takes (its training length), when known: a reload beyond it cannot
-    help (infer_load caps context_length there). `larger`: how to get a larger context where infer_load does not
-    give it (an engine is restarted)."""
+    """`n_max`: the most context the model takes (its training length, an engine's positions), when known: a
+    larger context beyond it cannot help (infer_load caps context_length there, vLLM refuses max_model_len above
+    it). `larger(n)`: how to get a context of n tokens where infer_load does not give it (an engine restarted)."""
+    more = larger or (lambda n: f"reload with infer_load context_length={n}")
     need, room = prompt_tokens + max_tokens, n_ctx - prompt_tokens
     fix = f"Shorten the prompt, lower max_tokens to {room} or less" if room > 0 else "Shorten the prompt"
     if n_max is not None and need > n_max and n_ctx < n_max and prompt_tokens < n_max:
-        fix += f", or reload with infer_load context_length={n_max} and ask for {n_max - prompt_tokens} or less"
+        fix += f", or {more(n_max)} and ask for {n_max - prompt_tokens} or less"
     elif n_max is not None and need > n_max:
-        fix += f" (the model reads at most {n_max} tokens: no reload makes room for {need})"
+        fix += f" (the model reads at most {n_max} tokens: no larger context makes room for {need})"
     else:
-        fix += f", or {larger or f'reload with infer_load context_length={need}'}"
+        fix += f", or {more(need)}"
     return CapacityError(
         f"context length exceeded: the model was loaded with a context of {n_ctx} tokens, but the prompt is "
         f"{prompt_tokens} tokens and max_tokens is {max_tokens} ({need} > {n_ctx}). {fix}."

@@ -70,6 +70,7 @@ def plan_engine(
         plan = _gpu_plan(shape, weights_gb, config_dtype, gpus, ctx, kv_token, o, reasons)
     else:
         plan = _cpu_plan(shape, weights_gb, config_dtype, host_free_gb, ctx, kv_token, o, reasons)
+    plan.model_max_len = shape.max_context
     args = ["--max-model-len", str(ctx), "--dtype", plan.dtype]
     if plan.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]

@@ -75,8 +75,11 @@ async def check_room(
             count,
             p.max_tokens,
             n_ctx,
-            f"restart the engine with a larger context: serve_stop engine_id='{rec.id}', then serve_start the same "
-            f"model with name='{rec.model}' max_model_len={count + p.max_tokens}",
+            lambda n: (
+                f"restart the engine with a larger context: serve_stop engine_id='{rec.id}', then serve_start the "
+                f"same model with name='{rec.model}' max_model_len={n}"
+            ),
+            n_max=rec.plan.model_max_len if rec.plan else None,  # vLLM refuses a max_model_len above it
         )
 
 

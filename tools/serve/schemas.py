@@ -17,6 +17,7 @@ class ServePlan(BaseModel):
     device: Literal["cpu", "cuda"]
     dtype: str
     max_model_len: int
+    model_max_len: int | None = Field(default=None, description="The model's positions: max_model_len's ceiling")
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     nodes: int = 1
