@@ -279,3 +279,10 @@ async def test_a_lora_adapter_loads_onto_its_base_model(env: Any) -> None:
         )
         assert out["completion_tokens"] > 0
         await call_ok(client, "infer_unload", name="my-adapter")
+
+
+async def test_an_answer_cut_at_max_tokens_counts_every_token_it_gave(env: Any) -> None:
+    """completion_tokens is the answer's length (llama.cpp's perf counter misses the last token: 7 for 8)."""
+    async with Client(env[0]) as client:
+        out = await call_ok(client, "infer_complete", prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert out["finish_reason"] == "length" and out["completion_tokens"] == 8, out

@@ -174,18 +174,22 @@ class LlamaBackend:
         if grammar is not None:
             kwargs["grammar"] = lc.LlamaGrammar.from_string(grammar, verbose=False)
         lc.llama_perf_context_reset(self.llm.ctx)
-        self.prompt_tokens = 0
-        generate = self.llm.generate
+        self.prompt_tokens = generated = 0
+        generate, vocab = self.llm.generate, lc.llama_model_get_vocab(self.llm.model)
 
         def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
             # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
             # every completion (chat template applied) passes its whole prompt here. Set for this call only, so
             # no lasting cycle keeps a dropped model alive until a garbage collection
+            nonlocal generated
             self.prompt_tokens = len(tokens)
             # the room check for both tools, on the tokens llama.cpp evaluates (for a chat, its template applied):
             # llama-cpp-python would quietly lower a max_tokens that does not fit; a `fit` one it lowers as asked
             room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train)
-            return generate(tokens, *args, **kwargs)
+            # the answer's tokens as llama-cpp-python counts them (not an end-of-generation one); its perf counter
+            for token in generate(tokens, *args, **kwargs):  # misses the last, never fed back: 7 for 8
+                generated += not lc.llama_vocab_is_eog(vocab, token)
+                yield token
 
         self.llm.generate = counted
         t0 = time.perf_counter()
@@ -225,7 +229,7 @@ class LlamaBackend:
             text="".join(parts),
             finish_reason=finish,
             prompt_tokens=self.prompt_tokens or n_p,
-            completion_tokens=n_e,
+            completion_tokens=generated,
             ttft_s=(first - t0) if first else None,
             prefill_tps=n_p / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None,
             decode_tps=n_e / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and n_e else None,
