@@ -59,6 +59,11 @@ VARIANTS: dict[str, str] = {
     "torch imported first": f"import torch\n{IMPORT}llm = {LOAD.format(extra='')}",
     "torch imported and CUDA used first": "import torch\ntorch.zeros(1, device='cuda')\n"
     f"{IMPORT}llm = {LOAD.format(extra='')}",
+    # the H200 run (bench/results/gpu_h200_20261127/): numpy first crashed the load until libstdc++ was made global;
+    # gpubox's llama_import does that before importing llama_cpp
+    "torch (CUDA used) first, llama_cpp through gpubox's llama_import": "import torch\ntorch.zeros(1, device='cuda')\n"
+    "from gpubox.tools.inference.llama_import import llama_cpp\nLlama = llama_cpp().Llama\n"
+    f"llm = {LOAD.format(extra='')}",
     "gpubox LlamaBackend": "from gpubox.tools.inference.backends import LlamaBackend\n"
     "llm = LlamaBackend(Path(path), 2048, -1, 'f16', None, probe=False).llm",
     # the H100 run (bench/results/gpu_h100/): in the server's own process the load crashed with torch never imported;
