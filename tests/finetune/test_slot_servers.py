@@ -63,3 +63,22 @@ def test_two_servers_launching_at_once_start_one_job(tmp_path: Path, monkeypatch
     tb.join(30)
     assert outcome["a"].state == "starting" and len(started) == 1, (outcome, started)
     assert isinstance(outcome["b"], BusyError) and "one training job runs at a time" in str(outcome["b"])
+
+
+def test_the_status_a_launch_returns_is_read_after_the_slot_is_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ended at once makes status wait (up to 30 s) for its figures: not while every other launch and
+    resume of every server waits on the slot."""
+    ft, _ = finetuner(tmp_path / "state")
+    monkeypatch.setattr(ft.supervisor, "spawn", lambda _job_id: None)
+    held: list[bool] = []
+    status = ft.status
+
+    def seen(job_id: str, *args: Any, **kwargs: Any) -> Any:
+        held.append(ft._slot_lock.locked())
+        return status(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(ft, "status", seen)
+    assert ft.launch(write_plan(ft, "plana", 1.0)).state == "starting"
+    assert held == [False]

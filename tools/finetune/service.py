@@ -170,9 +170,10 @@ class Finetuner:
         memory and for the one training slot; either way the job's files are written before this returns."""
         plan = self.load_plan(plan_id)
         with self._slot():  # two launches at once: the second sees the first as running
-            return self._launch(plan, plan_id, inject_oom, queue)
+            job_id = self._launch(plan, plan_id, inject_oom, queue)
+        return self.status(job_id)  # outside the slot: it may wait up to 30 s for a job that ended at once
 
-    def _launch(self, plan: FinetunePlan, plan_id: str, inject_oom: int, queue: bool) -> JobStatus:
+    def _launch(self, plan: FinetunePlan, plan_id: str, inject_oom: int, queue: bool) -> str:
         # a queued job counts too: a direct launch must not overtake it (nor start beside it once it is admitted)
         running = self.store.active() or [r for r in self.store.all() if r["state"] == "queued"]
         if running and not queue:
@@ -208,7 +209,7 @@ class Finetuner:
             # a row written above must not stay 'starting' (or 'queued') with no worker: that blocks every launch
             self._failed_to_start(job_id, "queued" if waits else "starting", exc)
             raise
-        return self.status(job_id)
+        return job_id
 
     def _failed_to_start(self, job_id: str, state: str, exc: BaseException) -> None:
         """Mark a job whose start raised as failed (a no-op when its row was never written or has moved on)."""
@@ -341,9 +342,10 @@ class Finetuner:
         if row["state"] not in ("cancelled", "failed"):
             raise InvalidInputError(f"job {job_id} is {row['state']}; only cancelled or failed jobs resume")
         with self._slot():
-            return self._resume(job_id, row["state"])
+            self._resume(job_id, row["state"])
+        return self.status(job_id)  # outside the slot, as launch's
 
-    def _resume(self, job_id: str, was: str) -> JobStatus:
+    def _resume(self, job_id: str, was: str) -> None:
         running = self.store.active()
         if running:
             raise BusyError(f"job {running[0]['id']} is running; resume {job_id} after it finishes or is cancelled")
@@ -381,7 +383,6 @@ class Finetuner:
             self.ledger.release(owner)
             self._failed_to_start(job_id, "starting", exc)
             raise
-        return self.status(job_id)
 
     def close(self) -> None:
         """Nothing to stop: workers are detached on purpose and keep training when the server stops."""
