@@ -114,3 +114,13 @@ async def test_a_benchmark_that_took_more_than_its_estimate_reserves_that_next_t
     # the key holds what the memory depends on, not the iteration count
     assert bench.expected("device", {**params, "iterations": 7}) == {"host": took["host"]}
     assert took["host"] < 3.0  # the worker's own high-water mark, not the server's it was forked from
+
+
+def test_a_cuda_worker_is_planned_with_the_host_memory_gpu_runs_measured() -> None:
+    """0.99 GB of host RAM for an attention worker on the H100 and H200 (its CUDA libraries mapped in), where a
+    CPU worker takes about 0.6: the reservation starts from what was seen, not from the CPU figure."""
+    from gpubox.tools.bench import footprint
+
+    params = {"batch": 1, "seq_lens": [1024], "head_dims": [64]}
+    assert footprint.needs("attention", params, gpus=True)["host"] >= 0.99
+    assert footprint.needs("attention", {**params, "device": "cpu"}, gpus=True)["host"] < 0.99

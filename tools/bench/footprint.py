@@ -4,8 +4,9 @@ Sizes follow what the workers allocate: attention keeps Q, K, V and the output p
 of each, and the math backend materialises the B·H·N·N score and softmax matrices (the fp32 reference does so a
 few heads at a time, under 2 GB);
 backward doubles the tensors (their gradients). bench_device holds three bandwidth buffers, three square fp32
-matrices and, on a GPU, a pinned host buffer. A torch worker process itself takes about 0.6 GB of host RAM, and a
-CUDA context about 0.5 GB on its GPU.
+matrices and, on a GPU, a pinned host buffer. A torch worker process itself takes about 0.6 GB of host RAM, 1.0 GB
+once CUDA is in use (0.99 GB in the H100 and H200 runs: bench/results/gpu_h100/, gpu_h200_20261127/), and a CUDA
+context about 0.5 GB on its GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpubox.tools.bench.attention import CPU_DEFAULTS, GPU_DEFAULTS
 
 GB = 1e9
 TORCH_PROCESS_GB = 0.6
+TORCH_CUDA_PROCESS_GB = 1.0  # its CUDA libraries (cuBLAS, cuDNN) mapped in
 CUDA_CONTEXT_GB = 0.5
 BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -55,7 +57,7 @@ def needs(task: str, params: dict[str, Any], gpus: bool) -> dict[str, float]:
     else:
         work, pinned = device_gb(params, cuda)
     if cuda:
-        return {"cuda:0": work + CUDA_CONTEXT_GB, "host": TORCH_PROCESS_GB + pinned}
+        return {"cuda:0": work + CUDA_CONTEXT_GB, "host": TORCH_CUDA_PROCESS_GB + pinned}
     return {"host": TORCH_PROCESS_GB + work}
 
 
