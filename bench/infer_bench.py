@@ -27,8 +27,11 @@ PROMPT = "Write a detailed story about a lighthouse keeper who discovers a messa
 
 
 def direct(path: Path, reps: int, max_tokens: int, n_ctx: int) -> tuple[list[float], list[float]]:
-    import llama_cpp
     import psutil
+
+    from gpubox.tools.inference.llama_import import llama_cpp as import_llama
+
+    llama_cpp = import_llama()  # libstdc++ global first, as gpubox loads it
 
     threads = psutil.cpu_count(logical=False) or 1  # what gpubox uses by default
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)

@@ -22,6 +22,11 @@ from mcp.types import CallToolResult
 from gpubox.app import build_server, state_of
 from gpubox.extras import EXTRAS, is_available
 from gpubox.settings import Settings
+from gpubox.tools.inference.llama_import import share_cxx_runtime
+
+# as gpubox does before it imports llama_cpp: tests that import llama_cpp themselves need it too on a build like
+# the H200's, whose libllama.so does not list libstdc++ (tools/inference/llama_import.py)
+share_cxx_runtime()
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"

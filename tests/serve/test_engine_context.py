@@ -66,7 +66,7 @@ async def attached(tmp_path: Path, server: Server) -> AsyncIterator[tuple[Client
 
             def vllm(yes: bool, **more: Any) -> None:
                 changes = {"engine": "vllm", "state": "ready"} if yes else {"engine": "openai", "state": "attached"}
-                services.serve(state_of(mcp)).engines.store.set(engine_id, **changes, **more)
+                services.serve(state_of(mcp)).engines.store.set(engine_id, **{**changes, **more})
 
             vllm(True)
             yield c, engine_id, vllm
@@ -219,3 +219,25 @@ async def test_the_restart_offered_stays_within_the_models_positions(
                 text = await call_err(c, "infer_complete", model="fake", prompt="Once upon", max_tokens=100)
                 assert all(e in text for e in expect), (positions, text)
                 assert (f"serve_stop engine_id='{engine_id}'" in text) == (positions != N_CTX), text
+
+
+async def test_a_benchmark_on_an_engine_known_silent_fails_before_it_counts(
+    tmp_path: Path, tokenizing: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room check runs under the engine's watch, as each request does: an engine recorded unresponsive whose
+    health probe still fails gets nothing sent, not a count first."""
+    answering = Fake.do_GET
+
+    def do_get(self: Fake) -> None:
+        if self.path.endswith("/health"):
+            self.reply({}, 503)
+        else:
+            answering(self)
+
+    monkeypatch.setattr(Fake, "do_GET", do_get)
+    with serving() as server:
+        async with attached(tmp_path, server) as (c, _, vllm):
+            vllm(True, state="unresponsive")
+            args = {"model": "fake", "requests": 2, "concurrency": 1, "prompt_tokens": 8, "max_tokens": 4}
+            text = await call_err(c, "infer_benchmark", **args)
+            assert "stopped answering" in text and tokenizing == [], (text, tokenizing)

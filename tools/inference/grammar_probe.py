@@ -25,6 +25,10 @@ REMEMBERED = 512
 
 _CHILD = r"""
 import ctypes, sys
+try:  # libstdc++ global before llama.cpp's libraries load, as llama_import does in the server
+    ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+except OSError:
+    pass
 import llama_cpp as L
 grammar = sys.stdin.buffer.read()
 L.llama_backend_init()

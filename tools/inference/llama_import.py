@@ -8,7 +8,8 @@ not list libstdc++ among the libraries it needs (`readelf -d`), and numpy's C++ 
 privately (`RTLD_LOCAL`, as Python loads every extension). Loading libstdc++ into the global scope before
 llama_cpp's libraries load made every such order work on that box: numpy, torch with CUDA in use, the MCP server's
 in-process load, and torch imported after llama.cpp (which aborted with `free(): invalid pointer` before).
-Every import of llama_cpp in gpubox goes through `llama_cpp()` below.
+Every import of llama_cpp in gpubox's server process goes through `llama_cpp()` below (or `share_cxx_runtime()`
+first); the grammar check's child (grammar_probe) does the same in its own script.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def share_cxx_runtime() -> bool:
     try:
         # dlopen with RTLD_GLOBAL promotes a copy already loaded privately instead of loading a second one
         ctypes.CDLL(LIBSTDCXX, mode=os.RTLD_GLOBAL)
-    except OSError as exc:  # musl, or a runtime under another name: llama.cpp then brings its own as it always did
+    except OSError as exc:  # no libstdc++ under that name: llama.cpp then loads its own as it always did
         log.debug("libstdc++ not shared globally: %s", exc)
         return False
     return True
