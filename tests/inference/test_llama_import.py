@@ -1,7 +1,7 @@
 """llama_cpp's libraries load with libstdc++ in the global scope, whatever loaded libstdc++ privately first.
 
 On an H200 box a CUDA build of llama.cpp segfaulted at load whenever numpy (torch, gguf, the server) had been
-imported first, and loaded everywhere once libstdc++ was global (bench/results/gpu_h200/llama_libstdcxx.md). The
+imported first, and loaded everywhere once libstdc++ was global (bench/results/gpu_h200_20261127/). The
 crash needs that build, so these tests check the condition that prevented it, in a fresh interpreter each.
 """
 

@@ -1,7 +1,7 @@
 """Import llama-cpp-python so that its libraries find the C++ runtime the process already holds.
 
-A CUDA build of llama-cpp-python made on an H200 box (bench/results/gpu_h200/llama_libstdcxx.md) loaded and ran
-a model in a fresh interpreter, but ended the process with SIGSEGV in its tokenizer set-up (`init_tokenizer`,
+A CUDA build of llama-cpp-python made on an H200 box (bench/results/gpu_h200_20261127/llama_libstdcxx.md) loaded
+and ran a model in a fresh interpreter, but ended the process with SIGSEGV in its tokenizer set-up (`init_tokenizer`,
 inside `llama_model_load_from_file`, also with no layer offloaded) whenever numpy had been imported first: so
 also after torch, gguf or anything else that imports numpy, and in gpubox's server. That build's libllama.so does
 not list libstdc++ among the libraries it needs (`readelf -d`), and numpy's C++ extension had loaded libstdc++

@@ -68,9 +68,9 @@ async def check_room(
     if rec.engine != "vllm" or p.fit:
         return
     body = {"model": model, **({"messages": messages} if messages is not None else {"prompt": prompt})}
-    counted = None
-    with anyio.move_on_after(min(timeout, COUNT_S)):  # the whole count: httpx's timeout is per read
-        counted = await client.tokenize(rec.base_url, rec.api_key, body, min(timeout, COUNT_S))
+    counted, limit = None, min(timeout, COUNT_S)
+    with anyio.move_on_after(limit):  # the whole count: httpx's timeout is per read
+        counted = await client.tokenize(rec.base_url, rec.api_key, body, limit)
     if counted is not None and counted[0] + p.max_tokens > counted[1]:
         count, n_ctx = counted
         raise context_error(
