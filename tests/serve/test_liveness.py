@@ -249,9 +249,15 @@ async def test_a_chunk_that_comes_while_a_probe_fails_keeps_the_request_and_the_
     # a streaming engine whose /health is slower than the probe's limit under load is not 'unresponsive'
     probing, verdict = threading.Event(), threading.Event()
     recorded: list[bool] = []
+    probes: list[int] = []
 
     def probe() -> bool:
+        # only the first probe is the slow one that fails: a later one answering False at once would race the
+        # test's touch below (under CI load it can finish first, and then the engine was silent through it)
+        probes.append(1)
         probing.set()
+        if len(probes) > 1:
+            return True
         verdict.wait(30)
         return False
 
