@@ -19,6 +19,18 @@ from typing import Any
 from gpubox.errors import InvalidInputError, UnknownNameError
 
 MORE = "more"
+# the same thing under the name another gpubox tool gives it (infer_chat's `model` is infer_load's `name`,
+# finetune_status's `job_id` is finetune_merge's `job`): a model that used one tool's name on the other is told
+# which it is, since difflib finds no likeness between `model` and `name`
+SAME_THING: dict[str, tuple[str, ...]] = {
+    "model": ("name",),
+    "name": ("model", "index"),
+    "index": ("name",),
+    "job": ("job_id",),
+    "job_id": ("job",),
+    "engine": ("engine_id",),
+    "id": ("engine_id", "job_id", "job"),
+}
 
 
 def resource_uri(tool: str) -> str:
@@ -65,5 +77,14 @@ def unfold(tool: str, arguments: Mapping[str, Any], known: Iterable[str], folded
         if key not in known_set and not known_set:
             raise InvalidInputError(f"{tool} takes no arguments; call it without {key[:64]!r}")
         if key not in known_set:
-            raise UnknownNameError("argument", key[:64], known_set)
+            raise unknown_argument(tool, key, known_set)
     return args
+
+
+def unknown_argument(tool: str, key: str, known: Iterable[str]) -> UnknownNameError:
+    """The error for an argument name `tool` does not take: the close matches, and the name this tool gives the
+    same thing where another tool calls it `key`."""
+    known_set = set(known)
+    same = [n for n in SAME_THING.get(key, ()) if n in known_set]
+    hint = f"{tool} takes it as '{same[0]}'." if same else ""
+    return UnknownNameError("argument", key[:64], known_set, hint)

@@ -8,6 +8,7 @@ from typing import Any
 from mcp import Client, MCPError
 from mcp.server.mcpserver import MCPServer
 
+from gpubox.arguments import unknown_argument
 from gpubox.errors import ConfigError, GpuboxError, InvalidInputError, UnknownNameError
 
 
@@ -25,7 +26,7 @@ def _coerce(raw: str, schema: dict[str, Any]) -> Any:
         return raw
 
 
-def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str, Any]:
+def parse_arguments(pairs: list[str], input_schema: dict[str, Any], tool: str = "this tool") -> dict[str, Any]:
     props: dict[str, Any] = input_schema.get("properties", {})
     args: dict[str, Any] = {}
     for pair in pairs:
@@ -33,7 +34,7 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any]) -> dict[str,
             raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5")
         key, raw = pair.split("=", 1)
         if key not in props:
-            raise UnknownNameError("argument", key, props.keys())
+            raise unknown_argument(tool, key, props.keys())
         args[key] = _coerce(raw, props[key])
     return args
 
@@ -56,7 +57,7 @@ async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[b
                 raise UnknownNameError("tool", name, tools.keys())
             # every parameter, those tools/list folds into `more` too (gpubox.arguments): they go at the top level
             full = (await client.read_resource(f"gpubox://tools/{name}")).contents[0]
-            args = parse_arguments(pairs, json.loads(getattr(full, "text", "{}")))
+            args = parse_arguments(pairs, json.loads(getattr(full, "text", "{}")), name)
         except InvalidInputError as exc:
             problem = exc
         else:

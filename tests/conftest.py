@@ -226,7 +226,7 @@ def running_http_server(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(log.read_text())
@@ -235,6 +235,8 @@ def running_http_server(
                     break
             except OSError:
                 time.sleep(0.1)
+        else:
+            pytest.fail(f"gpubox serve did not listen on {port} within 60 s:\n{log.read_text()}")
         yield base, token, proc, log
     finally:
         proc.terminate()

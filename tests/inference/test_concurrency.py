@@ -43,8 +43,9 @@ def env(tmp_path: Path) -> Iterator[Any]:
 
 
 @requires_hf
-async def test_status_answers_while_one_client_generates_and_another_loads_a_model(env: Any) -> None:
-    mgr = manager(state_of(env))
+async def test_status_answers_while_one_client_generates_and_another_loads_a_model(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with Client(env) as a, Client(env) as b, Client(env) as c:
         await call_ok(a, "infer_load", name=DEFAULT_MODEL, context_length=256)
         stop = anyio.Event()
@@ -61,20 +62,29 @@ async def test_status_answers_while_one_client_generates_and_another_loads_a_mod
             times["loaded"] = time.perf_counter()
             loaded.set()
 
+        # B's backend is built only once C has its answers: the load is certain to span them however fast the box
+        building, answered = threading.Event(), threading.Event()
+
+        def held_open(*args: Any, **kwargs: Any) -> Any:
+            building.set()
+            answered.wait(120)  # a load that held the lock A releases under would stall C: fail, not hang
+            return real_open(*args, **kwargs)
+
+        real_open = manager_mod.open_backend
+        monkeypatch.setattr(manager_mod, "open_backend", held_open)
         async with anyio.create_task_group() as tg:
             tg.start_soon(generate_until_stopped)
             tg.start_soon(load_other)
-            # B's transformers backend is being built (its room is reserved in `_loading` right before) while A
-            # generates; or, on a fast box, the load is over already, which the first assert below reports
-            await wait_until(lambda: mgr._loading.get("smollm2-copy", 0.0) > 0 or loaded.is_set(), timeout=120)
+            # B's transformers backend is being built (its room reserved in `_loading` right before) while A generates
+            await wait_until(building.is_set, timeout=120)
             times["asked"] = time.perf_counter()
             for _ in range(3):
                 await call_ok(c, "gpu_status")
             times["answered"] = time.perf_counter()
+            answered.set()
             with anyio.fail_after(600):
                 await loaded.wait()
             stop.set()
-    assert times["loaded"] > times["asked"], "the load ended before C asked: this run shows nothing"
     # before the fix, A's release() waited on the event loop for the lock B's load held: C waited for the load
     assert times["answered"] < times["loaded"]
     assert times["answered"] - times["asked"] < 30  # generous: gpu_status takes milliseconds
@@ -168,8 +178,11 @@ async def test_requests_waiting_for_a_busy_model_hold_no_worker_thread_and_a_can
         prompts: list[str | None] = []
         real = r.backend.generate
 
+        go = threading.Event()  # the first request generates only once the waiters are gone: it spans them all
+
         def spy(messages: Any, prompt: str | None, *args: Any) -> Any:
             prompts.append(prompt)
+            go.wait(120)
             return real(messages, prompt, *args)
 
         r.backend.generate = spy  # type: ignore[method-assign]
@@ -185,5 +198,7 @@ async def test_requests_waiting_for_a_busy_model_hold_no_worker_thread_and_a_can
                 status = await call_ok(b, "gpu_status")  # another tool still gets a thread at once
                 assert status is not None
                 waiting.cancel_scope.cancel()  # their clients give up
+            await wait_until(lambda: r.busy == 1, timeout=60)  # only the first request holds the model now
+            go.set()
         await wait_until(lambda: r.busy == 0, timeout=60)
     assert prompts == ["Count: 1, 2, 3,"]  # no cancelled waiter's prompt was evaluated

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -217,12 +218,30 @@ async def test_other_tools_answer_while_a_model_generates(env: Any) -> None:
             await call_ok(client, "infer_complete", prompt="Tell a long story:", max_tokens=150, temperature=0)
             finished.append(time.perf_counter())
 
-        mgr = manager(state_of(env[0]))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(long)
-            await wait_until(lambda: any(r.busy for r in list(mgr.resident.values())), timeout=60)  # it is generating
-            await call_ok(client, "gpu_status")
-            answered = time.perf_counter()
+        generating, go = threading.Event(), threading.Event()
+
+        def held(real: Any) -> Any:  # the generation spans gpu_status's call however fast the box
+            def generate(*args: Any) -> Any:
+                generating.set()
+                go.wait(120)
+                return real(*args)
+
+            return generate
+
+        residents = list(manager(state_of(env[0])).resident.values())  # the module's: put back after
+        for r in residents:
+            vars(r.backend)["generate"] = held(r.backend.generate)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long)
+                await wait_until(generating.is_set, timeout=60)  # it is generating, in its worker thread
+                await call_ok(client, "gpu_status")
+                answered = time.perf_counter()
+                go.set()
+        finally:
+            go.set()
+            for r in residents:
+                vars(r.backend).pop("generate", None)
         assert finished and answered < finished[0]
 
 

@@ -9,9 +9,11 @@ with the reason when no Python with vLLM is found (CI installs one with `scripts
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from tests.finetune.conftest import BASE_NAME, link_base
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, requires_train]
 ENGINE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+ENGINE_LOCK = ROOT / ".venv-vllm.lock"
 MODEL = "smollm2-135m-instruct"
 ADAPTER = "ft-colours"
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
@@ -57,9 +60,23 @@ def make_adapter(state: Path) -> None:
 
 
 def engine_python() -> Path:
+    made_beside()
     if not ENGINE_PYTHON.is_file():
         pytest.skip("needs the vLLM engine environment: scripts/install_engine.sh (creates .venv-vllm)")
     return ENGINE_PYTHON
+
+
+def made_beside(timeout_s: float = 1200) -> None:
+    """scripts/test.sh makes .venv-vllm beside the suite's first tests and holds ENGINE_LOCK meanwhile: wait for
+    it, so these tests never see a half-made environment (and never skip for one that is on its way)."""
+    if not ENGINE_LOCK.exists():
+        return
+    with ENGINE_LOCK.open() as f:
+        taker = threading.Thread(target=fcntl.flock, args=(f, fcntl.LOCK_SH), daemon=True)
+        taker.start()
+        taker.join(timeout_s)
+        if taker.is_alive():
+            pytest.fail(f"the vLLM environment was still being made after {timeout_s:g} s ({ENGINE_LOCK} held)")
 
 
 async def follow(c: Client, engine_id: str) -> dict[str, Any]:

@@ -147,9 +147,10 @@ def test_the_hf_copy_build_is_ended_with_its_process_group_and_its_lock_on_cance
     # stands in for ensure_hf_base: a lock file removed in `finally`, and a helper process of its own
     build = (
         "import os, subprocess, sys, time\n"
-        "lock = sys.argv[3] + '.lock'; open(lock, 'w').close()\n"
+        "lock = sys.argv[3] + '.lock'\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)  # build_helper'])\n"
-        "try:\n    time.sleep(120)\nfinally:\n    os.unlink(lock)\n"
+        # the lock is made inside `try`: the test cancels once it sees both, and SIGTERM must then find `finally`
+        "try:\n    open(lock, 'w').close()\n    time.sleep(120)\nfinally:\n    os.unlink(lock)\n"
     )
     monkeypatch.setattr(service, "PREPARE", build)
     prep = Preparing(threading.Event(), lambda _pid: None)

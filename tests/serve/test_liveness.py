@@ -131,9 +131,11 @@ def running(engine: Engine) -> Iterator[Engine]:
 
 
 @contextlib.asynccontextmanager
-async def gpubox(tmp_path: Path) -> AsyncIterator[tuple[Client, Any]]:
-    """A gpubox server that probes an engine after 0.2 s without a byte, and gives a probe 0.5 s."""
-    settings = Settings.load(state_dir=tmp_path / "state", serve_probe_after_s=0.2, serve_probe_timeout_s=0.5)
+async def gpubox(tmp_path: Path, probe_timeout: float = 2.0) -> AsyncIterator[tuple[Client, Any]]:
+    """A gpubox server that probes an engine after 0.2 s without a byte, and gives a probe `probe_timeout` s: short
+    where a probe must hang, long where every probe must be answered (a probe is a thread, an event loop and an HTTP
+    client: a loaded CI box can take more than a second for one)."""
+    settings = Settings.load(state_dir=tmp_path / "state", serve_probe_after_s=0.2, serve_probe_timeout_s=probe_timeout)
     mcp = build_server(settings)
     try:
         async with Client(mcp) as c:
@@ -158,7 +160,7 @@ async def test_a_request_to_an_attached_server_that_stops_answering_ends_at_once
             engine.sick.set()  # the server hangs: its requests and its probe go unanswered
             began = time.monotonic()
             text = await call_err(c, "infer_chat", messages=HI, model="m")
-            assert time.monotonic() - began < 30  # not the 600 s read timeout: one 0.2 s silence, one 0.5 s probe
+            assert time.monotonic() - began < 30  # not the 600 s read timeout: one 0.2 s silence, one 2 s probe
             assert engine.held.is_set() and "stopped answering" in text and "its health probe failed" in text, text
             assert f"serve_stop engine_id='{att['id']}'" in text and "restart the server" in text, text
 
@@ -183,7 +185,7 @@ async def test_an_engine_that_answers_its_probe_is_waited_on_however_long_it_hol
     tmp_path: Path,
 ) -> None:
     with running(Engine(before=1)) as engine:
-        async with gpubox(tmp_path) as (c, _):
+        async with gpubox(tmp_path, probe_timeout=10) as (c, _):
             att = await call_ok(c, "serve_attach", base_url=engine.url)
             results: list[dict[str, Any]] = []
             finished = anyio.Event()
@@ -236,7 +238,7 @@ async def test_a_server_whose_health_route_is_refused_but_whose_models_answer_is
 ) -> None:
     # an auth gateway in front of the server refuses paths it does not pass on: the model list is the probe then
     with running(Engine(health_status=status)) as engine:
-        async with gpubox(tmp_path) as (c, _):
+        async with gpubox(tmp_path, probe_timeout=10) as (c, _):
             att = await call_ok(c, "serve_attach", base_url=engine.url)
             assert att["state"] == "attached" and att["healthy"], att
             engine.release.set()  # nothing held: the answer streams at once

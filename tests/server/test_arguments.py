@@ -43,6 +43,16 @@ async def test_names_a_tool_does_not_take_are_refused_with_the_close_matches(cli
     assert "optim" in bad_value  # the SDK's own validation still runs on a folded parameter
 
 
+async def test_a_name_another_tool_gives_the_same_thing_is_refused_with_this_tools_name_for_it(client: Client) -> None:
+    # infer_chat's `model` is infer_load's `name`; finetune_status's `job_id` is finetune_merge's `job`
+    unload = await call_err(client, "infer_unload", model="smollm2-135m-instruct")
+    assert "unknown argument 'model'" in unload and "infer_unload takes it as 'name'" in unload, unload
+    merge = await call_err(client, "finetune_merge", job_id="abc")
+    assert "finetune_merge takes it as 'job'" in merge, merge
+    search = await call_err(client, "search_code", query="x", name="repo")
+    assert "search_code takes it as 'index'" in search, search
+
+
 async def test_the_full_schema_resource_has_every_parameter_and_refuses_unknown_tools(client: Client) -> None:
     listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
     contents = (await client.read_resource("gpubox://tools/finetune_plan")).contents
@@ -66,3 +76,10 @@ def test_fold_and_unfold_are_inverse_and_never_fold_a_required_parameter() -> No
         fold("t", schema, ("a",))
     with pytest.raises(InvalidInputError, match="unknown argument 'more'"):  # no folded names: no `more`
         unfold("t", {"a": "x", "more": {}}, {"a"}, ())
+
+
+def test_gpubox_call_names_the_tools_own_name_for_an_argument_too() -> None:
+    from gpubox.calling import parse_arguments
+
+    with pytest.raises(InvalidInputError, match="infer_load takes it as 'name'"):
+        parse_arguments(["model=smollm2"], {"properties": {"name": {"type": "string"}}}, "infer_load")
