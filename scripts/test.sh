@@ -99,10 +99,22 @@ py313_stage() {
     run_pytest ".venv313 (not slow)" .venv313/bin/python -m "not slow" -p no:cacheprovider
     run_pytest ".venv313 (transports)" .venv313/bin/python tests/server/test_transports.py -p no:cacheprovider
 }
+side_pid=""
+end_side() {  # on any exit (Ctrl-C too): no side stage outlives this script, holding the lock or a venv
+    if [ -n "$side_pid" ] && kill -0 "$side_pid" 2>/dev/null; then
+        kill -- "-$side_pid" 2>/dev/null || true
+    fi
+    rm -f "$side_log"
+}
+trap end_side EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 exec 9>.venv-vllm.lock
 flock 9
+set -m  # the side job in a process group of its own, which end_side can end whole
 (set -e; side_stages) >"$side_log" 2>&1 &
 side_pid=$!
+set +m
 exec 9>&-  # the side job holds the lock now, until the environment is made
 
 stage "pytest (.venv, every extra)"
@@ -117,11 +129,14 @@ if [ "$#" -eq 0 ] && [ "$rc" -eq 0 ]; then
 fi
 rm -f "$durations"
 
-stage "the stages run beside the suite (their output as they printed it)"
+stage "the stages run beside the suite (their output as they print it, until they end)"
+# followed, not read once they end: a stage that hangs shows where, live (in the background, so that a signal
+# ends this script and them at once instead of after them)
+tail -n +1 --pid="$side_pid" -f "$side_log" >&2 &
+tail_pid=$!
 side_rc=0
 wait "$side_pid" || side_rc=$?
-cat "$side_log" >&2
-rm -f "$side_log"
+wait "$tail_pid" || true
 if [ "$side_rc" -ne 0 ]; then
     echo "test.sh: a stage beside the suite failed (exit $side_rc): its output is above" >&2
 fi

@@ -19,17 +19,27 @@ from typing import Any
 from gpubox.errors import InvalidInputError, UnknownNameError
 
 MORE = "more"
-# the same thing under the name another gpubox tool gives it (infer_chat's `model` is infer_load's `name`,
-# finetune_status's `job_id` is finetune_merge's `job`): a model that used one tool's name on the other is told
-# which it is, since difflib finds no likeness between `model` and `name`
-SAME_THING: dict[str, tuple[str, ...]] = {
-    "model": ("name",),
-    "name": ("model", "index"),
-    "index": ("name",),
-    "job": ("job_id",),
-    "job_id": ("job",),
-    "engine": ("engine_id",),
-    "id": ("engine_id", "job_id", "job"),
+# per tool, the names other gpubox tools give what it takes under another name (infer_chat's `model` is
+# infer_load's `name`, finetune_status's `job_id` is finetune_merge's `job`): a model that used one tool's name on
+# the other is told which it is, since difflib finds no likeness between `model` and `name`
+_MODEL_AS_NAME = {"model": "name"}
+_JOB_ID = {"job": "job_id", "id": "job_id"}
+_ENGINE_ID = {"engine": "engine_id", "id": "engine_id"}
+SAME_THING: dict[str, dict[str, str]] = {
+    "infer_load": _MODEL_AS_NAME,
+    "infer_unload": _MODEL_AS_NAME,
+    "infer_chat": {"name": "model"},
+    "infer_complete": {"name": "model"},
+    "infer_benchmark": {"name": "model"},
+    "finetune_merge": {"job_id": "job", "id": "job"},
+    "finetune_status": _JOB_ID,
+    "finetune_cancel": _JOB_ID,
+    "finetune_resume": _JOB_ID,
+    "search_code": {"name": "index"},
+    "search_index": {"index": "name"},
+    "search_drop": {"index": "name"},
+    "serve_status": _ENGINE_ID,
+    "serve_stop": _ENGINE_ID,
 }
 
 
@@ -85,6 +95,6 @@ def unknown_argument(tool: str, key: str, known: Iterable[str]) -> UnknownNameEr
     """The error for an argument name `tool` does not take: the close matches, and the name this tool gives the
     same thing where another tool calls it `key`."""
     known_set = set(known)
-    same = [n for n in SAME_THING.get(key, ()) if n in known_set]
-    hint = f"{tool} takes it as '{same[0]}'." if same else ""
+    same = SAME_THING.get(tool, {}).get(key)
+    hint = f"{tool} takes it as '{same}'." if same in known_set else ""
     return UnknownNameError("argument", key[:64], known_set, hint)

@@ -219,11 +219,12 @@ async def test_other_tools_answer_while_a_model_generates(env: Any) -> None:
             finished.append(time.perf_counter())
 
         generating, go = threading.Event(), threading.Event()
+        released: list[bool] = []  # False: nothing let it go in 120 s (gpu_status waited for the generation)
 
         def held(real: Any) -> Any:  # the generation spans gpu_status's call however fast the box
             def generate(*args: Any) -> Any:
                 generating.set()
-                go.wait(120)
+                released.append(go.wait(120))
                 return real(*args)
 
             return generate
@@ -242,7 +243,7 @@ async def test_other_tools_answer_while_a_model_generates(env: Any) -> None:
             go.set()
             for r in residents:
                 vars(r.backend).pop("generate", None)
-        assert finished and answered < finished[0]
+        assert released == [True] and finished and answered < finished[0]
 
 
 async def test_transformers_backend_loads_the_gguf_dequantised_and_generates(env: Any) -> None:

@@ -51,6 +51,9 @@ async def test_a_name_another_tool_gives_the_same_thing_is_refused_with_this_too
     assert "finetune_merge takes it as 'job'" in merge, merge
     search = await call_err(client, "search_code", query="x", name="repo")
     assert "search_code takes it as 'index'" in search, search
+    # only where it is the same thing: search_index's `name` is an index's, not a model's
+    index = await call_err(client, "search_index", path="/nonexistent", model="minilm")
+    assert "unknown argument 'model'" in index and "takes it as" not in index, index
 
 
 async def test_the_full_schema_resource_has_every_parameter_and_refuses_unknown_tools(client: Client) -> None:
@@ -83,3 +86,12 @@ def test_gpubox_call_names_the_tools_own_name_for_an_argument_too() -> None:
 
     with pytest.raises(InvalidInputError, match="infer_load takes it as 'name'"):
         parse_arguments(["model=smollm2"], {"properties": {"name": {"type": "string"}}}, "infer_load")
+
+
+async def test_every_hint_names_a_parameter_the_tool_takes_for_one_it_does_not(client: Client) -> None:
+    from gpubox.arguments import SAME_THING
+
+    for tool, names in SAME_THING.items():
+        full = json.loads((await client.read_resource(f"gpubox://tools/{tool}")).contents[0].text)  # type: ignore[union-attr]
+        for key, target in names.items():
+            assert target in full["properties"] and key not in full["properties"], (tool, key, target)
