@@ -26,6 +26,7 @@ from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
 from gpubox.tools.inference.llama_import import llama_cpp
+from gpubox.tools.inference.llama_stream import read_chunks
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
@@ -159,62 +160,20 @@ class LlamaBackend:
         grammar: str | None,
     ) -> GenOutput:
         lc = llama_cpp()
-        kwargs: dict[str, Any] = {
-            "max_tokens": p.max_tokens,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "top_k": p.top_k,
-            "repeat_penalty": p.repeat_penalty,
-            "stop": p.stop or None,
-            # unseeded: a fresh seed, not llama-cpp-python's next one derived from the last (the same sequence
-            # after every restart, and one client's seed deciding the next client's sampling)
-            "seed": p.seed if p.seed is not None else secrets.randbits(31),
-            "stream": True,
-        }
+        kwargs = _sampling(p)
         if grammar is not None:
             kwargs["grammar"] = lc.LlamaGrammar.from_string(grammar, verbose=False)
         lc.llama_perf_context_reset(self.llm.ctx)
-        self.prompt_tokens = generated = 0
-        generate, vocab = self.llm.generate, lc.llama_model_get_vocab(self.llm.model)
-
-        def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
-            # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
-            # every completion (chat template applied) passes its whole prompt here. Set for this call only, so
-            # no lasting cycle keeps a dropped model alive until a garbage collection
-            nonlocal generated
-            self.prompt_tokens = len(tokens)
-            # the room check for both tools, on the tokens llama.cpp evaluates (for a chat, its template applied):
-            # llama-cpp-python would quietly lower a max_tokens that does not fit; a `fit` one it lowers as asked
-            room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train)
-            # the answer's tokens as llama-cpp-python counts them (not an end-of-generation one); its perf counter
-            for token in generate(tokens, *args, **kwargs):  # misses the last, never fed back: 7 for 8
-                generated += not lc.llama_vocab_is_eog(vocab, token)
-                yield token
-
-        self.llm.generate = counted
+        self.prompt_tokens = 0
+        sampled = self._count_sampled(p)
         t0 = time.perf_counter()
-        first: float | None = None
-        parts: list[str] = []
-        finish: Literal["stop", "length", "cancelled"] = "length"
         try:
             stream = (
                 self.llm.create_chat_completion(messages=messages, **kwargs)  # type: ignore[arg-type]
                 if messages is not None
                 else self.llm.create_completion(prompt or "", **kwargs)
             )
-            for chunk in stream:  # type: ignore[union-attr]
-                choice: dict[str, Any] = chunk["choices"][0]  # type: ignore[index,assignment]
-                text = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
-                if text:
-                    if first is None:
-                        first = time.perf_counter()
-                    parts.append(text)
-                    on_text(text)
-                if choice.get("finish_reason"):
-                    finish = "stop" if choice["finish_reason"] == "stop" else "length"
-                if cancel.is_set():
-                    finish = "cancelled"
-                    break
+            read = read_chunks(stream, on_text, cancel)  # type: ignore[arg-type]
         except ValueError as exc:
             m = re.search(r"Requested tokens \((\d+)\) exceed context window of (\d+)", str(exc))
             if m:
@@ -226,15 +185,38 @@ class LlamaBackend:
         perf = lc.llama_perf_context(self.llm.ctx)
         n_p, n_e = int(perf.n_p_eval), int(perf.n_eval)
         return GenOutput(
-            text="".join(parts),
-            finish_reason=finish,
+            text="".join(read.parts),
+            finish_reason=read.finish,
             prompt_tokens=self.prompt_tokens or n_p,
-            completion_tokens=generated,
-            ttft_s=(first - t0) if first else None,
+            completion_tokens=sampled[0],
+            ttft_s=(read.first - t0) if read.first else None,
             prefill_tps=n_p / (perf.t_p_eval_ms / 1000) if perf.t_p_eval_ms > 0 else None,
             decode_tps=n_e / (perf.t_eval_ms / 1000) if perf.t_eval_ms > 0 and n_e else None,
             total_s=total,
         )
+
+    def _count_sampled(self, p: GenParams) -> list[int]:
+        """Wrap this model's `generate` for one call (the caller pops it after): it checks the room for
+        `p.max_tokens` and counts the sampled tokens into the list returned. Set on the instance for this call only,
+        so no lasting cycle keeps a dropped model alive until a garbage collection."""
+        lc = llama_cpp()
+        generate, vocab = self.llm.generate, lc.llama_model_get_vocab(self.llm.model)
+        sampled = [0]
+
+        def counted(tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            # llama.cpp's perf counters count only the prompt tokens it evaluated, 1 when the prefix was cached;
+            # every completion (chat template applied) passes its whole prompt here
+            self.prompt_tokens = len(tokens)
+            # the room check for both tools, on the tokens llama.cpp evaluates (for a chat, its template applied):
+            # llama-cpp-python would quietly lower a max_tokens that does not fit; a `fit` one it lowers as asked
+            room_for(len(tokens), p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train)
+            # the answer's tokens as llama-cpp-python counts them (not an end-of-generation one); its perf counter
+            for token in generate(tokens, *args, **kwargs):  # misses the last, never fed back: 7 for 8
+                sampled[0] += not lc.llama_vocab_is_eog(vocab, token)
+                yield token
+
+        self.llm.generate = counted
+        return sampled
 
     def close(self) -> None:
         try:
@@ -242,6 +224,22 @@ class LlamaBackend:
         finally:
             self._thread.shutdown(wait=False)
         _free_accelerator_memory()
+
+
+def _sampling(p: GenParams) -> dict[str, Any]:
+    """llama-cpp-python's completion arguments for `p`, streamed."""
+    return {
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "repeat_penalty": p.repeat_penalty,
+        "stop": p.stop or None,
+        # unseeded: a fresh seed, not llama-cpp-python's next one derived from the last (the same sequence after
+        # every restart, and one client's seed deciding the next client's sampling)
+        "seed": p.seed if p.seed is not None else secrets.randbits(31),
+        "stream": True,
+    }
 
 
 class TransformersBackend:
