@@ -112,17 +112,14 @@ async def test_json_schema_output_parses_and_follows_the_schema(env: Any) -> Non
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
         "required": ["name", "age"],
     }
+    ask = {"messages": [SYSTEM, {"role": "user", "content": "Ann is 30. Reply as JSON."}], "json_schema": schema}
     async with Client(env[0]) as client:
-        out = await call_ok(
-            client,
-            "infer_chat",
-            messages=[SYSTEM, {"role": "user", "content": "Ann is 30. Reply as JSON."}],
-            max_tokens=64,
-            temperature=0,
-            json_schema=schema,
-        )
-    assert isinstance(out["parsed_json"], dict)
-    assert isinstance(out["parsed_json"]["name"], str) and isinstance(out["parsed_json"]["age"], int)
+        out = await call_ok(client, "infer_chat", **ask, max_tokens=64, temperature=0)
+        assert isinstance(out["parsed_json"], dict)
+        assert isinstance(out["parsed_json"]["name"], str) and isinstance(out["parsed_json"]["age"], int)
+        # a stop sequence inside the JSON ends it first: the fix named is the stop, not a larger max_tokens
+        cut = await call_err(client, "infer_chat", **ask, max_tokens=64, temperature=0, stop=[","])
+    assert "not valid JSON" in cut and "a stop sequence (',')" in cut and "raise max_tokens" not in cut, cut
 
 
 async def test_cancelling_a_request_stops_generation_promptly(env: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -102,6 +102,31 @@ async def test_filters_modes_and_paging(search_env: Any, repo: Path) -> None:
         assert not {key(h) for h in first["hits"]} & {key(h) for h in second["hits"]}
 
 
+@pytest.mark.parametrize("mode", ["vector", "lexical", "hybrid"])
+async def test_following_next_offset_reaches_every_match_once(search_env: Any, mode: str) -> None:
+    # 160 chunks that all match: the pages went on past the first ranked pool (next_offset was null at 50)
+    many = search_env[1] / f"many_{mode}"
+    many.mkdir()
+    for i in range(80):
+        body = "".join(
+            f"def compute_thing_{i}_{j}(x):\n    return x * {i} + {j}  # compute thing number\n\n\n" for j in (0, 1)
+        )
+        (many / f"m{i}.py").write_text(body)
+    async with Client(search_env[0]) as client:
+        built = await call_ok(client, "search_index", path=str(many), name=f"many_{mode}")
+        seen: list[tuple[str, int]] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = await call_ok(
+                client, "search_code", query="compute thing number", index=f"many_{mode}", k=25, offset=offset,
+                mode=mode,
+            )  # fmt: skip
+            seen += [(h["path"], h["start_line"]) for h in page["hits"]]
+            offset = page["next_offset"]
+            assert len(seen) <= built["chunks"] + 25
+    assert len(seen) == len(set(seen)) == built["chunks"] == 160, (len(seen), len(set(seen)), built["chunks"])
+
+
 async def test_dry_run_previews_counts_time_and_disk_without_embedding(search_env: Any, tmp_path: Path) -> None:
     fresh = make_repo(search_env[1] / "fresh")
     async with Client(search_env[0]) as client:

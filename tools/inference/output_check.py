@@ -16,10 +16,22 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from gpubox.errors import OutputRejectedError
+from gpubox.errors import InvalidInputError, OutputRejectedError
 
 REGEX_TIMEOUT_S = 1.0
 SHOWN_CHARS = 400
+
+
+def not_json(who: str, exc: ValueError, stop: list[str] | None) -> InvalidInputError:
+    """A JSON-constrained output that ended ("stop") before its JSON did: a stop sequence cut it where one was given
+    (raising max_tokens would not help then); else it was cut short."""
+    fix = (
+        f"a stop sequence ({', '.join(repr(s[:20]) for s in stop[:5])}) ended it first: call again without `stop` "
+        "(the schema ends the answer)"
+        if stop
+        else "raise max_tokens"
+    )
+    return InvalidInputError(f"{who} output is not valid JSON ({exc}); {fix}")
 
 
 def check_output(schema: dict[str, Any], value: Any, text: str) -> None:

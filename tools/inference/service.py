@@ -20,7 +20,7 @@ from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenOutput, GenParams
 from gpubox.tools.inference.grammar import check_schema
 from gpubox.tools.inference.manager import ModelManager, Resident
-from gpubox.tools.inference.output_check import check_output
+from gpubox.tools.inference.output_check import check_output, not_json
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 
 # what recording a benchmark as a calibration gave: (row id, decode efficiency), why it was refused, or nothing
@@ -106,7 +106,7 @@ async def generate(
         try:
             parsed = json.loads(out.text)
         except json.JSONDecodeError as exc:
-            raise InvalidInputError(f"the model's output is not valid JSON ({exc}); raise max_tokens") from exc
+            raise not_json("the model's", exc, params.stop) from exc
         await anyio.to_thread.run_sync(check_output, params.json_schema, parsed, out.text)
     return GenerationResult(
         model=r.name,

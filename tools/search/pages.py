@@ -22,14 +22,16 @@ class RankedPages:
         self._pages: OrderedDict[tuple[Any, ...], tuple[int, list[Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def ranked(self, key: tuple[Any, ...], n: int, rank: Callable[[int], list[Any]]) -> list[Any]:
-        """The candidates for `key` at least `n` deep where there are that many; `rank(pool)` ranks afresh."""
+    def ranked(self, key: tuple[Any, ...], n: int, rank: Callable[[int], list[Any]]) -> tuple[list[Any], bool]:
+        """The candidates for `key` at least `n` deep where there are that many, and whether a deeper ranking may
+        find more (the legs gave as many as the pool asked: the index may hold more matches than were ranked);
+        `rank(pool)` ranks afresh."""
         with self._lock:
             known = self._pages.get(key)
             if known is not None:
                 self._pages.move_to_end(key)
-        if known is not None and (len(known[1]) >= n or known[0] >= n):  # deep enough, or ranked as deep already
-            return known[1]
+        if known is not None and (len(known[1]) > n or known[0] > n):  # deep enough, or ranked deeper already
+            return known[1], _more(*known)
         pool = max(n, 50, 2 * known[0]) if known is not None else max(n, 50)
         fresh = rank(pool)
         if known is not None:
@@ -40,10 +42,16 @@ class RankedPages:
             self._pages[key] = (pool, fresh)
             while len(self._pages) > PAGED_QUERIES:
                 self._pages.popitem(last=False)
-        return fresh
+        return fresh, _more(pool, fresh)
 
     def forget(self, name: str) -> None:
         """Every query of index `name` (dropped)."""
         with self._lock:
             for key in [k for k in self._pages if k[0] == name]:
                 del self._pages[key]
+
+
+def _more(pool: int, ranked: list[Any]) -> bool:
+    """Whether a ranking `pool` deep that gave `ranked` may have left matches out: it gave a full pool, and pages
+    end at MAX_PAGED."""
+    return len(ranked) >= pool and len(ranked) < MAX_PAGED

@@ -302,7 +302,7 @@ class SearchService:
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
         key = (name, meta.get("index_id"), meta.get("generation"), query, mode, path_glob, language)
-        ranked = self._pages.ranked(
+        ranked, more = self._pages.ranked(
             key, n, lambda pool: hybrid(store, index, embed, query, mode, pool, path_glob, language)
         )
         page = ranked[offset:n]
@@ -333,7 +333,7 @@ class SearchService:
             mode=mode,
             hits=hits,
             offset=offset,
-            next_offset=n if len(ranked) > n else None,
+            next_offset=n if len(ranked) > n or (more and len(ranked) == n) else None,
             candidates=len(ranked),
         )
 

@@ -277,6 +277,7 @@ class EngineManager:
 
     # --- attach / stop --------------------------------------------------------------------------
     def attach(self, base_url: str, api_key: str | None, name: str | None) -> EngineRecord:
+        client.check_url(base_url)
         served = client.models(base_url, api_key, attaching=True)  # a wrong URL is the caller's to fix
         if not served:
             raise NotFoundError(f"{base_url} serves no model")

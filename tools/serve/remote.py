@@ -17,11 +17,11 @@ from typing import Any
 
 import anyio
 
-from gpubox.errors import BusyError, InvalidInputError, UpstreamError
+from gpubox.errors import BusyError, UpstreamError
 from gpubox.progress import Progress
 from gpubox.tools.inference.backends import GenParams
 from gpubox.tools.inference.context import context_error
-from gpubox.tools.inference.output_check import check_output
+from gpubox.tools.inference.output_check import check_output, not_json
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
 from gpubox.tools.inference.service import FILLER, drive, timing
 from gpubox.tools.serve import client
@@ -184,7 +184,7 @@ async def generate(
             try:
                 value = json.loads(out)
             except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"the engine's output is not valid JSON ({exc}); raise max_tokens") from exc
+                raise not_json("the engine's", exc, p.stop) from exc
             check_output(schema, value, out)
             return value
 
