@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from gpubox import tomledit
-from gpubox.errors import ConfigError, InvalidInputError
+from gpubox.errors import ConfigError
+from gpubox.urls import check_http_url
 
 Client = Literal["claude-desktop", "claude-code", "cursor", "vscode", "codex"]
 CLIENTS: tuple[Client, ...] = ("claude-desktop", "claude-code", "cursor", "vscode", "codex")
@@ -134,16 +134,7 @@ def config_path(client: Client, env: Mapping[str, str], platform: str) -> Path:
 
 def check_url(url: str) -> str:
     example = "e.g. http://127.0.0.1:8765/mcp (an IPv6 address in brackets: http://[::1]:8765/mcp)"
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a port that is not a number or is above 65535
-    except ValueError as exc:
-        raise InvalidInputError(f"--remote {url!r} is not a valid URL ({exc}); {example}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInputError(f"--remote {url!r} is not an http(s) URL; {example}")
-    if port == 0:
-        raise InvalidInputError(f"--remote {url!r}: port 0 cannot be connected to; use the server's port (1-65535)")
-    return url
+    return check_http_url(url, "--remote", example)
 
 
 def entry(client: Client, server: Stdio | Remote) -> dict[str, Any]:

@@ -284,7 +284,7 @@ def test_an_answer_over_the_size_cap_is_refused(slow_server: tuple[str, Any], mo
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        ({"base_url": "http://[::1/v1"}, "is no valid URL"),
+        ({"base_url": "http://[::1/v1"}, "is not a valid URL"),
         ({"base_url": "http://127.0.0.1:9/v1", "api_key": "clé"}, "cannot send a request to"),
     ],
 )

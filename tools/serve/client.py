@@ -14,7 +14,6 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -373,19 +372,3 @@ def _as_chunk(raw: bytes, who: str, fix: str) -> Any:
             {**c, "delta": c.get("message")} if isinstance(c, dict) and "message" in c else c for c in answer["choices"]
         ]
     return answer
-
-
-def check_url(base_url: str) -> None:
-    """A base URL with a host and a port a socket takes (httpx raised OverflowError past 65535, unexplained)."""
-    try:
-        parts = urlsplit(base_url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidInputError(
-            f"base_url {base_url[:200]!r} is no valid URL ({exc}); e.g. http://127.0.0.1:8000/v1"
-        ) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise InvalidInputError(
-            f"base_url {base_url[:200]!r} needs http:// or https://, a host and a port from 1 to 65535; "
-            "e.g. http://127.0.0.1:8000/v1"
-        )

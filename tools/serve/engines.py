@@ -31,6 +31,7 @@ from gpubox.tools.serve import client
 from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, ProbeFlights, answered, restart_hint
 from gpubox.tools.serve.records import RecordStore, free_port, log_tail, port_taken
 from gpubox.tools.serve.schemas import EngineMetrics, EngineRecord, EngineState, EngineStatus, ServePlan
+from gpubox.urls import check_http_url
 
 log = logging.getLogger("gpubox.serve")
 # what a live engine holds its name and port in; an unresponsive one may still answer again
@@ -277,7 +278,7 @@ class EngineManager:
 
     # --- attach / stop --------------------------------------------------------------------------
     def attach(self, base_url: str, api_key: str | None, name: str | None) -> EngineRecord:
-        client.check_url(base_url)
+        check_http_url(base_url, "base_url", "e.g. http://127.0.0.1:8000/v1")
         served = client.models(base_url, api_key, attaching=True)  # a wrong URL is the caller's to fix
         if not served:
             raise NotFoundError(f"{base_url} serves no model")
