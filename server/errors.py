@@ -51,6 +51,7 @@ class UnknownNameError(InvalidInputError):
         self.kind = kind
         self.name = name
         self.suggestions = suggestions
+        self.hint = hint
 
 
 class OutputRejectedError(GpuboxError):

@@ -7,6 +7,7 @@ ledger never imports torch or llama.cpp.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpubox.state import AppState
@@ -46,7 +47,12 @@ def ledger(state: AppState) -> Ledger:
 def estimator(state: AppState) -> Estimator:
     from gpubox.tools.estimate.service import Estimator
 
-    return state.service(ESTIMATE, Estimator)
+    return state.service(ESTIMATE, lambda s: Estimator(s, runnable=lambda: runnable_models(state)))
+
+
+def runnable_models(state: AppState) -> dict[str, Path]:
+    """What infer_models lists, by name: each GGUF file or HF folder (a LoRA adapter is no model to estimate)."""
+    return {name: d.path for name, d in models(state).discovered().items() if d.format != "lora"}
 
 
 def search(state: AppState) -> SearchService:

@@ -139,6 +139,18 @@ async def test_a_gguf_path_is_read_from_its_header(client: Client, settings: Any
     assert est["results"][0]["memory"]["weights_gb"] == pytest.approx(0.098, abs=0.003)
 
 
+@pytest.mark.slow  # as above
+@requires_models
+async def test_an_infer_models_name_is_estimated_from_the_file_it_loads(client: Client) -> None:
+    name = "smollm2-135m-instruct"  # the bundled model, as infer_models and finetune_plan name it
+    est = await call_ok(client, "estimate_inference", model=name, gpu="T4")
+    assert est["model"]["source"] == "gguf" and est["weight_format"] == "q4_1", est["model"]
+    train = await call_ok(client, "estimate_training", model=name, gpu="T4", method="lora", dataset_tokens=10**6)
+    assert train["model"]["layers"] == 30 and 130e6 < train["model"]["params"] < 140e6
+    text = await call_err(client, "estimate_inference", model="smollm3-135m-instruct", gpu="T4")
+    assert f"Did you mean: {name}" in text and "SmolLM2-135M" in text, text
+
+
 async def test_a_hf_config_folder_is_read(client: Client, settings: Any) -> None:
     d: Path = settings.allowed_roots[0] / "my-model"
     d.mkdir()

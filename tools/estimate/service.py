@@ -5,6 +5,7 @@ A training estimate is assembled in training_estimate.py; this class holds the l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gpubox.errors import InvalidInputError, UnknownNameError
@@ -34,15 +35,28 @@ DEFAULT_CONTEXT = 8192
 
 
 class Estimator:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, runnable: Callable[[], dict[str, Path]] | None = None) -> None:
+        """`runnable()`: the models infer_models lists, by name, with their GGUF file or HF folder."""
         self.settings = settings
         self.catalog = Catalog(settings.state_dir)
         self.store = CalibrationStore(settings.state_dir / "calibration.sqlite")
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
+        self._runnable = runnable or dict
 
     # --- lookups --------------------------------------------------------------------------------
     def model(self, spec: str) -> ResolvedModel:
-        return resolve_model(spec, self.catalog, self.roots)
+        """A model here by its infer_models name (its real file: shape and quantisation as loaded), else a catalog
+        name or a path."""
+        here = self._runnable() if "/" not in spec else {}
+        local = here.get(spec.lower())
+        if local is not None:  # found by the model registry, inside its roots (the bundled model's among them)
+            return resolve_model(str(local), self.catalog, [*self.roots, local.parent])
+        try:
+            return resolve_model(spec, self.catalog, self.roots)
+        except UnknownNameError as exc:
+            if not here:
+                raise
+            raise UnknownNameError("model", spec, [*self.catalog.models, *here], hint=exc.hint) from None
 
     def targets(self, spec: str, dtype: str = "bf16") -> list[Target]:
         """Devices for 'auto', 'local', 'cpu', 'all' or a catalog name, with measured profiles applied."""

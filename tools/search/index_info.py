@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from gpubox.tools.search.indexer import MIXED, Progress
-from gpubox.tools.search.runstate import unfinished_run
-from gpubox.tools.search.schemas import IndexInfo, IndexProgress, IndexState
+from gpubox.tools.search.indexer import MIXED
+from gpubox.tools.search.runstate import IndexReport, Progress, unfinished_run
+from gpubox.tools.search.schemas import IndexInfo, IndexProgress, IndexResult, IndexState
 from gpubox.tools.search.store import IndexStore
 
 
@@ -84,4 +85,43 @@ def describe(name: str, store: IndexStore, job: Progress | None, adapter: str | 
         last_indexed=datetime.fromtimestamp(updated, UTC).isoformat(timespec="seconds") if updated else None,
         progress=progress,
         error=error,
+    )
+
+
+def run_result(name: str, root: Path, progress: Progress, report: IndexReport | None) -> IndexResult:
+    """What search_index answers about a run: failed with its reason, still indexing, or done with its counts."""
+    if progress.error:
+        return IndexResult(
+            name=name,
+            root=str(root),
+            state="failed",
+            message=progress.error,
+            progress=progress_model(progress),
+        )
+    if progress.finished is None:
+        return IndexResult(
+            name=name,
+            root=str(root),
+            state="indexing",
+            progress=progress_model(progress),
+            message=f"still indexing ({progress.message()}); it continues in the background: poll search_list",
+        )
+    r = report
+    assert r is not None  # a finished run without an error has reported
+    return IndexResult(
+        name=name,
+        root=str(root),
+        state="ready",
+        files=r.files,
+        chunks=r.chunks,
+        added_files=r.added_files,
+        changed_files=r.changed_files,
+        removed_files=r.removed_files,
+        embedded_chunks=r.embedded_chunks,
+        reused_chunks=r.reused_chunks,
+        seconds=round(r.seconds, 3),
+        excluded=dict(r.excluded),
+        languages=dict(r.languages),
+        progress=progress_model(progress),
+        message="up to date" if not (r.added_files or r.changed_files or r.removed_files) else "indexed",
     )

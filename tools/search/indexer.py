@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,52 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpubox.errors import BusyError, InvalidInputError
+from gpubox.errors import InvalidInputError
 from gpubox.paths import read_inside
 from gpubox.tools.search import vectors
 from gpubox.tools.search.chunker import CHUNKER_VERSION, Chunk, chunk_text, embedding_text
 from gpubox.tools.search.embedder import Embedder
+from gpubox.tools.search.runstate import Cancelled, IndexReport, NothingToIndex, Progress
 from gpubox.tools.search.store import IndexStore, fsync_write
 from gpubox.tools.search.walker import WalkOptions, WalkResult, ambiguous, refine_language, walk
 
 log = logging.getLogger("gpubox.search")
-
-
-class Cancelled(Exception):
-    pass
-
-
-@dataclass
-class Progress:
-    phase: str = "queued"
-    files_total: int = 0
-    files_done: int = 0
-    chunks_to_embed: int = 0
-    chunks_embedded: int = 0
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-    error: str | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)  # set once finished or error is final
-
-    def message(self) -> str:
-        if self.phase == "embedding":
-            return f"embedding {self.chunks_embedded}/{self.chunks_to_embed} chunks"
-        return f"{self.phase}: {self.files_done}/{self.files_total} files"
-
-
-@dataclass
-class IndexReport:
-    files: int
-    chunks: int
-    added_files: int
-    changed_files: int
-    removed_files: int
-    embedded_chunks: int
-    reused_chunks: int
-    seconds: float
-    excluded: Counter[str]
-    languages: Counter[str]
 
 
 # what an index that records no `embed_tokens` was embedded with (the embedder's cut before it became a setting)
@@ -139,6 +102,8 @@ def run_index(
     result = walk(root, options)
     progress.files_total = len(result.files)
     known = store.file_hashes()
+    if not result.files and not known:  # a wrong path or filter: said, not an index that never has a root
+        raise NothingToIndex(str(root), result.excluded)
     progress.phase = "chunking"
     # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors); vectors
     # made reading another number of tokens per chunk are all made again
@@ -402,11 +367,3 @@ def _commit(
         fsync_write(faiss_file, vectors.serialize(vectors.build(ids, blob, dim, ann_threshold)))
         store.set_meta(db, generation=gen, faiss_file=faiss_file.name, **meta)
     store.sweep()
-
-
-def ensure_not_running(progress: Progress | None, name: str) -> None:
-    # running until `finished`, which is set after the run's memory reservation is released: a run whose phase is
-    # already "ready" (or that failed) still holds it for an instant, and a second start then would be refused by
-    # the ledger with a confusing "already holds a reservation"
-    if progress is not None and progress.finished is None:
-        raise BusyError(f"index '{name}' is already being built ({progress.message()}); poll search_list")

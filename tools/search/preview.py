@@ -12,6 +12,7 @@ from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.embedder import Embedder
 from gpubox.tools.search.indexer import embed_text, needs_new_vectors, sha
+from gpubox.tools.search.runstate import NothingToIndex
 from gpubox.tools.search.schemas import DryRun, IndexResult
 from gpubox.tools.search.store import IndexStore
 from gpubox.tools.search.walker import WalkResult, refine_language
@@ -84,7 +85,9 @@ def preview(root: Path, name: str, walked: WalkResult, store: IndexStore | None,
         chunks=n,
         excluded=dict(walked.excluded),
         languages=dict(files_by),
-        message=f"would index {len(walked.files)} files into {n} chunks, embedding {todo}",
+        message=f"would index {len(walked.files)} files into {n} chunks, embedding {todo}"
+        if walked.files or known
+        else str(NothingToIndex(str(root), walked.excluded)),
         dry_run=DryRun(
             files_by_language=dict(files_by),
             chunks_by_language=dict(chunks_by),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import sqlite3
 import time
@@ -11,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox.tools.search import vectors
+from gpubox.tools.search import filters, vectors
 from gpubox.tools.search.compounds import STOPWORDS
 from gpubox.tools.search.paths import superseded_dirs
 from gpubox.tools.search.rank import DEFAULT, QueryProfile, RankConfig, classify, fuse, rerank
@@ -147,17 +146,6 @@ def lexical(
     return [(i, -s) for i, s in rows if allowed is None or i in allowed][:n]
 
 
-def _allowed(store: IndexStore, path_glob: str | None, language: str | None) -> list[int] | None:
-    if not path_glob and not language:
-        return None
-    rows = store.connect().execute("SELECT id, path, language FROM chunks").fetchall()
-    return [
-        i
-        for i, p, lang in rows
-        if (not language or lang == language) and (not path_glob or fnmatch.fnmatch(p, path_glob))
-    ]
-
-
 WORD_ONLY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -282,7 +270,7 @@ def hybrid(
     """vector / lexical: that leg's ranking as is. hybrid: the legs fused with weights chosen by what the query
     looks like, then the ranking stage (rank.rerank) over the fused candidates."""
     profile = classify(text)
-    lists = legs(store, index, embed, text, mode, n, _allowed(store, path_glob, language), profile)
+    lists = legs(store, index, embed, text, mode, n, filters.allowed(store, path_glob, language), profile)
     if mode != "hybrid":
         only = lists.get(mode, [])
         return [Ranked(i, s, [mode]) for i, s in only]

@@ -1,11 +1,74 @@
-"""What an index's meta['run'] says about its last indexing run when no job in this process is building it."""
+"""An indexing run's state: its progress while it runs, its report, how it can end (cancelled, nothing to index),
+and what an index's meta['run'] says about its last run when no job in this process is building it."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpubox.errors import BusyError, InvalidInputError
 from gpubox.tools.search.schemas import IndexProgress, IndexState
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class Progress:
+    phase: str = "queued"
+    files_total: int = 0
+    files_done: int = 0
+    chunks_to_embed: int = 0
+    chunks_embedded: int = 0
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    error: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # set once finished or error is final
+
+    def message(self) -> str:
+        if self.phase == "embedding":
+            return f"embedding {self.chunks_embedded}/{self.chunks_to_embed} chunks"
+        return f"{self.phase}: {self.files_done}/{self.files_total} files"
+
+
+@dataclass
+class IndexReport:
+    files: int
+    chunks: int
+    added_files: int
+    changed_files: int
+    removed_files: int
+    embedded_chunks: int
+    reused_chunks: int
+    seconds: float
+    excluded: Counter[str]
+    languages: Counter[str]
+
+
+def ensure_not_running(progress: Progress | None, name: str) -> None:
+    # running until `finished`, which is set after the run's memory reservation is released: a run whose phase is
+    # already "ready" (or that failed) still holds it for an instant, and a second start then would be refused by
+    # the ledger with a confusing "already holds a reservation"
+    if progress is not None and progress.finished is None:
+        raise BusyError(f"index '{name}' is already being built ({progress.message()}); poll search_list")
+
+
+class NothingToIndex(InvalidInputError):
+    """The walk found no file to index in a tree with no index yet: nothing is kept, and the reason is given."""
+
+    def __init__(self, root: str, excluded: Counter[str]) -> None:
+        skipped = ", ".join(f"{n} {why}" for why, n in excluded.most_common(4))
+        super().__init__(
+            f"nothing to index under {root}: no source file found"
+            + (f" (skipped: {skipped})" if skipped else " (the folder is empty)")
+            + "; check the path, include/exclude globs and max_file_bytes (search_index dry_run=true previews)"
+        )
 
 
 def pid_alive(pid: int) -> bool:

@@ -20,17 +20,18 @@ from gpubox.tools.box.footprints import Growth
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.search import index_info, vectors
 from gpubox.tools.search.embedder import Embedder, default_model_path
-from gpubox.tools.search.indexer import (
-    Cancelled,
-    IndexReport,
-    Progress,
-    ensure_not_running,
-    run_index,
-)
+from gpubox.tools.search.indexer import run_index
 from gpubox.tools.search.pages import RankedPages
 from gpubox.tools.search.preview import preview
 from gpubox.tools.search.query import hybrid, snippet
-from gpubox.tools.search.runstate import unfinished_run
+from gpubox.tools.search.runstate import (
+    Cancelled,
+    IndexReport,
+    NothingToIndex,
+    Progress,
+    ensure_not_running,
+    unfinished_run,
+)
 from gpubox.tools.search.schemas import (
     DropResult,
     IndexInfo,
@@ -154,6 +155,9 @@ class SearchService:
                 )
             except Cancelled:
                 progress.error = "cancelled"
+            except NothingToIndex as exc:  # said through search_list; no folder stays that never gets a root
+                progress.error = str(exc)
+                self._discard_unbuilt(name, store)
             except Exception as exc:  # reported through search_list, never lost
                 log.exception("indexing %s failed", name)
                 progress.error = str(exc) or type(exc).__name__
@@ -177,6 +181,18 @@ class SearchService:
                 self._jobs.pop(name, None)
             raise
         return name, root, progress
+
+    def _discard_unbuilt(self, name: str, store: IndexStore) -> None:
+        """Remove the folder of an index whose first run committed nothing (its job keeps the reason)."""
+        with self._lock:
+            if store.meta().get("generation") or self._stores.get(name) is not store:
+                return
+            self._stores.pop(name)
+            self._pages.forget(name)
+            store.retire()
+            trash = self.base / f"{name}{DROPPED}{uuid.uuid4().hex[:8]}"
+            (self.base / name).rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def _settle(self, owner: str, growth: Growth | None) -> None:
         """Record what the run took (when measurable) and release its memory, whatever happens to the measuring."""
@@ -204,40 +220,7 @@ class SearchService:
             return [name for name, p in self._jobs.items() if not p.done.is_set()]
 
     def result(self, name: str, root: Path, progress: Progress) -> IndexResult:
-        if progress.error:
-            return IndexResult(
-                name=name,
-                root=str(root),
-                state="failed",
-                message=progress.error,
-                progress=index_info.progress_model(progress),
-            )
-        if progress.finished is None:
-            return IndexResult(
-                name=name,
-                root=str(root),
-                state="indexing",
-                progress=index_info.progress_model(progress),
-                message=f"still indexing ({progress.message()}); it continues in the background: poll search_list",
-            )
-        r = self._reports[name]
-        return IndexResult(
-            name=name,
-            root=str(root),
-            state="ready",
-            files=r.files,
-            chunks=r.chunks,
-            added_files=r.added_files,
-            changed_files=r.changed_files,
-            removed_files=r.removed_files,
-            embedded_chunks=r.embedded_chunks,
-            reused_chunks=r.reused_chunks,
-            seconds=round(r.seconds, 3),
-            excluded=dict(r.excluded),
-            languages=dict(r.languages),
-            progress=index_info.progress_model(progress),
-            message="up to date" if not (r.added_files or r.changed_files or r.removed_files) else "indexed",
-        )
+        return index_info.run_result(name, root, progress, self._reports.get(name))
 
     def dry_run(
         self, path: str, name: str | None, include: list[str], exclude: list[str], max_file_bytes: int | None

@@ -1,0 +1,62 @@
+"""A folder with nothing to index is said to be so, and leaves no index behind that could never get a root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from gpubox.app import build_server, state_of
+from gpubox.settings import Settings
+from tests.conftest import call_ok
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("content", ["nothing", "only-ignored"])
+async def test_indexing_a_folder_with_nothing_to_index_says_why_and_keeps_no_index(
+    tmp_path: Path, content: str
+) -> None:
+    root = tmp_path / "root"
+    folder = root / "empty"
+    folder.mkdir(parents=True)
+    if content == "only-ignored":
+        (folder / ".gitignore").write_text("*.py\n")
+        (folder / "a.py").write_text("def a():\n    return 1\n")
+    mcp = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        async with Client(mcp) as client:
+            preview = await call_ok(client, "search_index", path=str(folder), dry_run=True)
+            assert "nothing to index" in preview["message"], preview
+            res = await call_ok(client, "search_index", path=str(folder), wait_seconds=60)
+            assert res["state"] == "failed", res
+            assert "nothing to index" in res["message"] and "include/exclude" in res["message"], res
+            if content == "only-ignored":
+                assert "1 .gitignore" in res["message"], res
+            # listed as failed with the reason (not a root-less "empty" index), and gone after a restart
+            (listed,) = (await call_ok(client, "search_list"))["indexes"]
+            assert listed["state"] == "failed" and "nothing to index" in listed["error"], listed
+            assert not (tmp_path / "state" / "search" / "empty").exists()
+    finally:
+        state_of(mcp).close()
+
+
+@pytest.mark.slow  # loads MiniLM to embed the one file
+@pytest.mark.anyio
+async def test_a_folder_indexed_while_empty_is_indexed_under_its_name_once_it_has_code(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    folder = root / "proj"
+    folder.mkdir(parents=True)
+    mcp = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    try:
+        async with Client(mcp) as client:
+            assert (await call_ok(client, "search_index", path=str(folder), wait_seconds=60))["state"] == "failed"
+            (folder / "tax.py").write_text("def compute_tax(amount):\n    return amount * 0.2\n")
+            res = await call_ok(client, "search_index", path=str(folder), wait_seconds=120)
+            assert res["state"] == "ready" and res["files"] == 1, res
+            (listed,) = (await call_ok(client, "search_list"))["indexes"]
+            assert listed["root"] == str(folder) and listed["state"] == "ready", listed
+            hits = (await call_ok(client, "search_code", query="compute_tax"))["hits"]
+            assert hits[0]["symbol"] == "compute_tax", hits
+    finally:
+        state_of(mcp).close()
