@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, GetPromptResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -71,7 +73,7 @@ class GpuboxServer(MCPServer[AppState]):
     ) -> CallToolResult | InputRequiredResult:
         """The SDK's tools/call with `more` unfolded, names the tool does not take refused (the SDK ignores them),
         and compact JSON text (the SDK indents it: a third more tokens for nothing)."""
-        from gpubox.arguments import unfold
+        from gpubox.arguments import invalid_arguments, unfold
         from gpubox.errors import InvalidInputError
         from gpubox.registry import folded_parameters
 
@@ -82,7 +84,12 @@ class GpuboxServer(MCPServer[AppState]):
                 arguments = unfold(name, arguments, self._parameters[name], folded_parameters(self).get(name, ()))
             except InvalidInputError as exc:
                 return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
-        result = await super().call_tool(name, arguments, context)
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except ToolError as exc:  # pydantic's text names an internal model and links its docs on every error
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: {invalid_arguments(exc.__cause__)}") from exc.__cause__
         if isinstance(result, CallToolResult):
             for block in result.content:
                 if isinstance(block, TextContent) and block.text[:1] in ("{", "["):

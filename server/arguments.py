@@ -13,8 +13,11 @@ The SDK drops argument names a tool does not declare without a word (pydantic's 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from pydantic import ValidationError
 
 from gpubox.errors import InvalidInputError, UnknownNameError
 
@@ -98,3 +101,20 @@ def unknown_argument(tool: str, key: str, known: Iterable[str]) -> UnknownNameEr
     same = SAME_THING.get(tool, {}).get(key)
     hint = f"{tool} takes it as '{same}'." if same in known_set else ""
     return UnknownNameError("argument", key[:64], known_set, hint)
+
+
+def invalid_arguments(exc: ValidationError, shown: int = 5) -> str:
+    """pydantic's argument errors as one line a model can act on: each argument, what it must be and what it got
+    (pydantic's own text names an internal model and links its documentation on every error)."""
+    parts = []
+    for e in exc.errors(include_url=False)[:shown]:
+        where = ".".join(str(p) for p in e["loc"]) or "arguments"
+        got = "" if e["type"] == "missing" else f" (got {_short(e.get('input'))})"
+        parts.append(f"{where}: {e['msg']}{got}")
+    more = exc.error_count() - shown
+    return "invalid arguments: " + "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -138,3 +138,12 @@ async def test_the_manager_plans_from_the_cached_header(env: tuple[Any, Path], m
 
     p = plan(mgr.settings, mgr.meta, d, "llama.cpp", 512, None, "f16")
     assert p.context_length == 512 and p.backend == "llama.cpp"
+
+
+async def test_a_context_beyond_the_models_is_capped_and_the_plan_says_so(env: tuple[Any, Path]) -> None:
+    mgr = manager(state_of(env[0]))
+    from gpubox.tools.inference.planning import plan
+
+    p = plan(mgr.settings, mgr.meta, mgr.find("copy"), "llama.cpp", 1_000_000, None, "f16")
+    assert p.context_length == 8192 and "context_length 1000000 capped to the model's maximum, 8192" in p.reason
+    assert "capped" not in plan(mgr.settings, mgr.meta, mgr.find("copy"), "llama.cpp", 512, None, "f16").reason

@@ -210,7 +210,8 @@ def test_a_second_start_while_a_finished_run_still_releases_its_memory_is_told_i
     svc: SearchService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between a run's phase turning "ready" and its reservation's release, a second start of the same index gets
-    'already being built', not the ledger's 'already holds a reservation'; once released, it starts."""
+    'already being built', not the ledger's 'already holds a reservation' (a drop is told it waits for the run);
+    once released, it starts."""
     from gpubox.errors import BusyError
 
     root = svc.settings.allowed_roots[0]
@@ -230,6 +231,8 @@ def test_a_second_start_while_a_finished_run_still_releases_its_memory_is_told_i
         assert progress.phase == "ready" and progress.finished is None
         with pytest.raises(BusyError, match="already being built"):
             svc.start_index(str(repo), "settling", [], [], None)
+        with pytest.raises(BusyError, match="not dropped while the run goes on"):
+            svc.drop("settling")
     finally:
         go_on.set()
     finished(progress)

@@ -95,3 +95,15 @@ async def test_every_hint_names_a_parameter_the_tool_takes_for_one_it_does_not(c
         full = json.loads((await client.read_resource(f"gpubox://tools/{tool}")).contents[0].text)  # type: ignore[union-attr]
         for key, target in names.items():
             assert target in full["properties"] and key not in full["properties"], (tool, key, target)
+
+
+async def test_invalid_values_are_named_with_the_bound_and_what_was_sent_without_pydantics_noise(
+    client: Client,
+) -> None:
+    big = await call_err(client, "search_code", query="retry", k=1000)
+    assert "search_code: invalid arguments: k: Input should be less than or equal to 100 (got 1000)" in big, big
+    assert "pydantic.dev" not in big and "Arguments" not in big and "\n" not in big
+    missing = await call_err(client, "estimate_inference", gpu="A10")
+    assert "model: Field required" in missing and "got" not in missing, missing
+    several = await call_err(client, "estimate_training", **{**QUESTION, "max_length": "long", "lora_r": 0})
+    assert "max_length:" in several and "(got 'long')" in several and ";" in several, several

@@ -32,6 +32,23 @@ def plan(
     n_gpu_layers: int | None,
     kv_cache_type: str,
 ) -> LoadPlan:
+    """How `d` loads here: backend, device, layers on the GPU, context; a context asked beyond the model's is capped
+    and the plan's reason says so."""
+    p = _plan(settings, meta, d, backend, context_length, n_gpu_layers, kv_cache_type)
+    if context_length and p.context_length < context_length:
+        p.reason += f"; context_length {context_length} capped to the model's maximum, {p.context_length}"
+    return p
+
+
+def _plan(
+    settings: Settings,
+    meta: MetaCache,
+    d: Discovered,
+    backend: str,
+    context_length: int | None,
+    n_gpu_layers: int | None,
+    kv_cache_type: str,
+) -> LoadPlan:
     status = gpu_status()
     # Plan on the GPU CUDA will use (its first visible device), matched to NVML by UUID: NVML's index order
     # and CUDA_VISIBLE_DEVICES' order can differ.

@@ -51,12 +51,16 @@ class IndexReport:
     languages: Counter[str]
 
 
-def ensure_not_running(progress: Progress | None, name: str) -> None:
+def ensure_not_running(progress: Progress | None, name: str, refused: str = "") -> None:
+    """BusyError while a run of index `name` goes on; `refused` says what waits for it (a drop)."""
     # running until `finished`, which is set after the run's memory reservation is released: a run whose phase is
     # already "ready" (or that failed) still holds it for an instant, and a second start then would be refused by
     # the ledger with a confusing "already holds a reservation"
     if progress is not None and progress.finished is None:
-        raise BusyError(f"index '{name}' is already being built ({progress.message()}); poll search_list")
+        raise BusyError(
+            f"index '{name}' is already being built ({progress.message()}){refused}; poll search_list until its state "
+            "is no longer 'indexing'"
+        )
 
 
 class NothingToIndex(InvalidInputError):

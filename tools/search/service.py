@@ -349,7 +349,7 @@ class SearchService:
         with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
             if name not in self.names():
                 raise UnknownNameError("index", name, self.names())
-            ensure_not_running(self._jobs.get(name), name)
+            ensure_not_running(self._jobs.get(name), name, ": it is not dropped while the run goes on")
             run_lock = self._run_lock(name)  # not while another server builds it; held until the folder moves
             try:
                 store = self._stores.pop(name, None) or IndexStore(self.base / name)
