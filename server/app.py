@@ -112,6 +112,7 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
     """Create the gpubox MCP server. Heavy state lives in one AppState per server (shared across SSE
     connections, whose lifespan runs per connection)."""
     settings = settings if settings is not None else Settings.load()
+    settings.ensure_state_dir()  # every family keeps files there: an unusable one is said once, at start
     state = state if state is not None else AppState(settings)
 
     @asynccontextmanager

@@ -22,21 +22,28 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _path(text: str) -> Path:
+    """A path argument; an empty one is refused (Path('') is the working directory, never what was meant)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path would mean the working directory; write the directory out")
+    return Path(text)
+
+
 def _settings_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TOML config file (keys as in Settings)")
-    p.add_argument("--state-dir", type=Path, help="state directory (GPUBOX_STATE_DIR)")
+    p.add_argument("--config", type=_path, help="TOML config file (keys as in Settings)")
+    p.add_argument("--state-dir", type=_path, help="state directory (GPUBOX_STATE_DIR)")
     p.add_argument(
         "--allowed-root",
         action="append",
         dest="allowed_roots",
-        type=Path,
+        type=_path,
         help="directory tools may read; repeatable (GPUBOX_ALLOWED_ROOTS)",
     )
     p.add_argument(
         "--model-dir",
         action="append",
         dest="model_dirs",
-        type=Path,
+        type=_path,
         help="directory scanned for models; repeatable (GPUBOX_MODEL_DIRS)",
     )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -61,6 +68,16 @@ def _load_settings(ns: argparse.Namespace) -> Any:
         )
     }
     return Settings.load(ns.config, **overrides)
+
+
+def _client_settings(ns: argparse.Namespace) -> Any:
+    """Settings a client config will start the server with, refused now if the server would refuse them then."""
+    settings = _load_settings(ns)
+    if settings.tools:  # names are checked against the registered tools, as at start-up
+        from gpubox.app import build_server, state_of
+
+        state_of(build_server(settings)).close()
+    return settings
 
 
 def _serve(ns: argparse.Namespace) -> int:
@@ -121,13 +138,15 @@ def _doctor(ns: argparse.Namespace) -> int:
 def _client_config(ns: argparse.Namespace) -> int:
     from gpubox.clientconfig import snippet
 
-    cfg, note = snippet(ns.target, _load_settings(ns), name=ns.name)
+    cfg, note = snippet(ns.target, _client_settings(ns), name=ns.name)
     print(note, file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpubox.installcmd import server_name
+
     parser = argparse.ArgumentParser(prog="gpubox", description="MCP server for one GPU box.")
     parser.add_argument("--version", action="version", version=f"gpubox {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address for http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port for http (default 8765)")
     serve.add_argument("--token", help="bearer token required over http (prefer --token-file or GPUBOX_TOKEN)")
-    serve.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
+    serve.add_argument("--token-file", type=_path, help="file whose first line is the bearer token")
     serve.set_defaults(func=_serve)
 
     call = sub.add_parser("call", help="run one tool in-process and print its structured result as JSON")
@@ -165,14 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="claude-desktop",
         choices=["claude-desktop", "cursor", "vscode", "remote"],
     )
-    cc.add_argument("--name", default="gpubox", help="server name in the client config")
+    cc.add_argument("--name", default="gpubox", type=server_name, help="server name in the client config")
     cc.add_argument("--host", help=argparse.SUPPRESS)
     cc.add_argument("--port", type=int, help="port of the remote server (remote target)")
     cc.set_defaults(func=_client_config)
 
     from gpubox.installcmd import register  # install / uninstall: write a client's own config file
 
-    register(sub, _settings_args, _load_settings)
+    register(sub, _settings_args, _client_settings)
     from gpubox.engine_install import register as register_engine  # gpubox engine install vllm
 
     register_engine(sub, _settings_args, _load_settings)

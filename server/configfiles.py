@@ -5,6 +5,8 @@ Each failure is a ConfigError naming the file and the fix, never a decoder's tra
 
 from __future__ import annotations
 
+import errno
+import os
 import tomllib
 from pathlib import Path
 
@@ -55,3 +57,18 @@ def check_toml(path: Path) -> None:
         raise ConfigError(f"config file {path} is not valid TOML ({exc}); fix it") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); check its permissions") from None
+
+
+def writable_dir(d: Path, what: str, where: str) -> Path:
+    """`d`, made if missing; ConfigError naming `what` and where to set it when this user cannot write there."""
+    try:
+        if d.exists() and not d.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "it is a file")
+        d.mkdir(parents=True, exist_ok=True)
+        usable = os.access(d, os.W_OK | os.X_OK)
+        why = "is not writable by this user"
+    except OSError as exc:
+        usable, why = False, f"cannot be made ({exc.strerror or exc})"
+    if not usable:
+        raise ConfigError(f"{what} {d} {why}; pass {where} a directory this user can write")
+    return d

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from typing import Any
@@ -35,6 +36,7 @@ class DoctorReport(BaseModel):
     state_dir: str
     allowed_roots: list[str]
     model_dirs: list[str]
+    problems: list[str]
 
 
 def _torch() -> dict[str, Any]:
@@ -126,7 +128,26 @@ def report(settings: Settings) -> DoctorReport:
         state_dir=str(settings.state_dir),
         allowed_roots=[str(p) for p in settings.allowed_roots],
         model_dirs=[str(p) for p in settings.model_dirs],
+        problems=path_problems(settings),
     )
+
+
+def path_problems(settings: Settings) -> list[str]:
+    """What is wrong with the configured folders, found without creating anything."""
+    out = []
+    d = settings.state_dir
+    ok = os.W_OK | os.X_OK
+    if d.exists():
+        if not d.is_dir() or not os.access(d, ok):
+            out.append(f"state dir {d} is not a directory this user can write")
+    else:
+        parent = next((p for p in d.parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, ok):
+            out.append(f"state dir {d} cannot be made: {parent} is not a directory this user can write")
+    for kind, dirs in (("allowed root", settings.allowed_roots), ("model dir", settings.model_dirs)):
+        bad = [p for p in dirs if not p.is_dir()]
+        out += [f"{kind} {p} {'is not a directory' if p.exists() else 'does not exist'}" for p in bad]
+    return out
 
 
 def render(rep: DoctorReport) -> str:
@@ -172,4 +193,5 @@ def render(rep: DoctorReport) -> str:
         f"allowed roots: {rep.allowed_roots}",
         f"model dirs:    {rep.model_dirs}",
     ]
+    lines += ["", "problems:", *(f"  {p}" for p in rep.problems)] if rep.problems else []
     return "\n".join(lines)

@@ -21,14 +21,16 @@ def _json_list(text: str, what: str) -> Any:
         raise ValueError(f"{what} starts with '[' but is not a valid JSON list ({exc})") from None
 
 
-def split_paths(value: Any, what: str) -> Any:
+def split_paths(value: Any, what: str, blank_ok: bool = True) -> Any:
     """A JSON list, or a string separated by os.pathsep only: a comma is a legal character in a directory
     name, so splitting on it would turn '/x/proj,v2' into '/x/proj' plus a relative 'v2' the user never allowed."""
     if not isinstance(value, str):
-        return value
+        return _no_blank(value, what)
     text = value.strip()
+    if not text and not blank_ok:  # no roots at all is no default: every path would be refused
+        raise ValueError(f"{what} is set but empty; unset it for the default")
     if text.startswith("["):
-        return _json_list(text, what)
+        return _no_blank(_json_list(text, what), what)
     parts = [p.strip() for p in text.split(os.pathsep) if p.strip()]
     for part in parts:
         # Older configs separated paths with commas; refuse such an entry rather than guess which it meant.
@@ -38,6 +40,17 @@ def split_paths(value: Any, what: str) -> Any:
                 '(e.g. ["/a", "/b"]), not commas'
             )
     return parts
+
+
+def _no_blank(items: Any, what: str) -> Any:
+    """A list of paths with an empty entry is refused: Path('') is the working directory, which the server's
+    client chose (often / or $HOME), not the user."""
+    if isinstance(items, list | tuple) and any(isinstance(x, str) and not x.strip() for x in items):
+        raise ValueError(
+            f"{what} has an empty entry, which would mean the server's working directory; remove it or write the "
+            "directory out"
+        )
+    return items
 
 
 def split_names(value: Any, what: str) -> Any:

@@ -18,9 +18,18 @@ SettingsArgs = Callable[[argparse.ArgumentParser], None]
 LoadSettings = Callable[[argparse.Namespace], Any]
 
 
+def server_name(text: str) -> str:
+    """A server name for a client's config: what the client shows and the key it is stored under."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the server name is empty; the client lists its servers by this name")
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client", required=True, choices=CLIENTS, help="the MCP client whose config file to edit")
-    p.add_argument("--name", default="gpubox", help="server name in the client's config (default gpubox)")
+    p.add_argument(
+        "--name", default="gpubox", type=server_name, help="server name in the client's config (default gpubox)"
+    )
     p.add_argument("--print", action="store_true", dest="dry_run", help="show what would be written; write nothing")
 
 

@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from gpubox.configfiles import check_token, check_toml, read_token_file
+from gpubox.configfiles import check_token, check_toml, read_token_file, writable_dir
 from gpubox.envlists import check_hosts, split_names, split_paths
 from gpubox.errors import ConfigError
 
@@ -315,7 +315,7 @@ class Settings(BaseSettings):
     @field_validator("allowed_roots", "model_dirs", mode="before")
     @classmethod
     def _path_lists(cls, value: Any, info: ValidationInfo) -> Any:
-        return split_paths(value, str(info.field_name))
+        return split_paths(value, str(info.field_name), blank_ok=info.field_name != "allowed_roots")
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
@@ -364,8 +364,8 @@ class Settings(BaseSettings):
         return None
 
     def ensure_state_dir(self) -> Path:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        return self.state_dir
+        """The state dir, made if missing; ConfigError saying why when it cannot hold gpubox's files."""
+        return writable_dir(self.state_dir, "state_dir", "--state-dir or GPUBOX_STATE_DIR")
 
     @classmethod
     def load(cls, config_file: Path | str | None = None, **overrides: Any) -> Settings:

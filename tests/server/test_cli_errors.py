@@ -60,3 +60,32 @@ def test_install_remote_with_a_bad_url_is_refused(
     err = _run(monkeypatch, tmp_path, capsys, "install", "--client", "cursor", "--remote", url)
     assert repr(url) in err and "http://127.0.0.1:8765/mcp" in err
     assert not (tmp_path / "home" / ".cursor" / "mcp.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "unmakeable"])
+def test_an_unusable_state_dir_is_one_line_naming_it_and_doctor_lists_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    state = blocker if kind == "file" else blocker / "state"  # a folder cannot be made under a file
+    err = _run(monkeypatch, tmp_path, capsys, "call", "box_plan", "--state-dir", str(state))
+    assert f"state_dir {state} cannot be made" in err and "GPUBOX_STATE_DIR" in err, err
+    assert cli.main(["doctor", "--state-dir", str(state), "--allowed-root", str(tmp_path / "gone")]) == 0
+    out = capsys.readouterr().out
+    assert "problems:" in out and f"state dir {state}" in out and f"allowed root {tmp_path / 'gone'} does not" in out
+
+
+@pytest.mark.parametrize("command", [["install", "--client", "cursor", "--print"], ["client-config", "cursor"]])
+def test_a_client_config_naming_an_unknown_tool_is_refused_before_it_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    err = _run(monkeypatch, tmp_path, capsys, *command, "--tools", "gpu,bogus")
+    assert "tools: unknown bogus" in err, err
+    assert not (tmp_path / "home" / ".cursor").exists()
+
+
+def test_an_empty_server_name_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["install", "--client", "cursor", "--name", " ", "--print"])
+    assert ended.value.code == 2 and "server name is empty" in capsys.readouterr().err

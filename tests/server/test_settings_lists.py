@@ -91,3 +91,32 @@ def test_ipv6_hosts_are_hosts_not_json(
 ) -> None:
     monkeypatch.setenv("GPUBOX_ALLOWED_HOSTS", value)
     assert Settings.load(state_dir=tmp_path / "s").allowed_hosts == expected
+
+
+@pytest.mark.parametrize("value", ['["", "/tmp"]', '["  "]'])
+def test_an_empty_root_entry_is_refused_not_read_as_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.chdir("/")  # where MCP hosts often start servers: '' would have allowed the whole filesystem
+    monkeypatch.setenv("GPUBOX_ALLOWED_ROOTS", value)
+    with pytest.raises(ValidationError, match="empty entry"):
+        Settings.load(state_dir=tmp_path / "s")
+    monkeypatch.delenv("GPUBOX_ALLOWED_ROOTS")
+    with pytest.raises(ValidationError, match="empty entry"):
+        Settings.load(state_dir=tmp_path / "s", model_dirs=[str(tmp_path), ""])
+
+
+def test_a_blank_roots_variable_is_refused_rather_than_leaving_no_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUBOX_ALLOWED_ROOTS", " ")
+    with pytest.raises(ValidationError, match="set but empty; unset it for the default"):
+        Settings.load(state_dir=tmp_path / "s")
+
+
+def test_an_empty_path_flag_is_refused_by_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpubox.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["doctor", "--allowed-root", ""])
+    assert ended.value.code == 2 and "empty path" in capsys.readouterr().err
