@@ -25,6 +25,8 @@ MAX_ROWS = saved.MAX_ROWS
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 SAMPLED_ROWS = 20_000  # rows whose token length is measured; beyond it lengths are a sample
+PIECE = 100_000  # characters given to the tokenizer in one call (token_lengths)
+MEASURED = 1_000_000  # characters of one row counted; a longer row's rest is extrapolated
 
 
 Opener = Callable[[Path], BinaryIO]
@@ -71,7 +73,7 @@ def _json_problem(exc: ValueError | RecursionError) -> str:
 
 def _read_jsonl(path: Path, opener: Opener) -> list[Any]:
     rows = []
-    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8") as f:
+    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -86,7 +88,7 @@ def _read_json(path: Path, opener: Opener) -> list[Any]:
     with opener(path) as fb:
         raw = fb.read()
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))  # a byte-order mark (Excel, Notepad) is no error
     except (ValueError, RecursionError) as exc:
         if isinstance(exc, UnicodeDecodeError):
             raise
@@ -99,7 +101,7 @@ def _read_json(path: Path, opener: Opener) -> list[Any]:
 
 
 def _read_csv(path: Path, opener: Opener) -> list[Any]:
-    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8", newline="") as f:
+    with opener(path) as fb, io.TextIOWrapper(fb, encoding="utf-8-sig", newline="") as f:
         rows: list[Any] = []
         try:
             rows.extend(csv.DictReader(f))
@@ -134,12 +136,25 @@ def _check_messages(msgs: Any, where: str) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise InvalidInputError(f"{where} message {i}: needs 'role' and 'content' keys")
-        if m["role"] not in ROLES:
-            raise InvalidInputError(f"{where} message {i}: role '{m['role']}' is not one of {sorted(ROLES)}")
+        if not isinstance(m["role"], str) or m["role"] not in ROLES:
+            shown = m["role"] if isinstance(m["role"], str) else f"a {type(m['role']).__name__}"
+            raise InvalidInputError(f"{where} message {i}: role '{shown}' is not one of {sorted(ROLES)}")
         if not isinstance(m["content"], str):
             raise InvalidInputError(f"{where} message {i}: content must be a string, got {type(m['content']).__name__}")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": m["role"], "content": _unicode(m["content"], f"{where} message {i} content")})
     return out
+
+
+def _unicode(text: str, where: str) -> str:
+    """`text`, refused when no tokenizer can take it: a lone surrogate (JSON's "\\ud800" escape without its pair)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{where} holds invalid Unicode at character {exc.start} (a lone surrogate such as \\ud800, from a "
+            "JSON escape without its pair); fix or drop that character"
+        ) from None
+    return text
 
 
 def detect_format(row: Any) -> DatasetFormat:
@@ -184,7 +199,7 @@ def normalise(rows: list[Any], source: str) -> tuple[DatasetFormat, list[dict[st
                 if isinstance(value, list):
                     item[key] = _check_messages(value, f"{where} '{key}'")
                 elif isinstance(value, str):
-                    item[key] = value
+                    item[key] = _unicode(value, f"{where} '{key}'")
                 else:
                     raise InvalidInputError(
                         f"{where}: '{key}' must be a string or a message list, got {type(value).__name__}"
@@ -199,7 +214,7 @@ def normalise(rows: list[Any], source: str) -> tuple[DatasetFormat, list[dict[st
                     "missing" if text is None else f"a {type(text).__name__}" if not isinstance(text, str) else "empty"
                 )
                 raise InvalidInputError(f"{where}: 'text' must be a non-empty string, it is {got}")
-            out.append({"text": text})
+            out.append({"text": _unicode(text, f"{where} 'text'")})
     return fmt, out
 
 
@@ -223,9 +238,35 @@ def render(row: dict[str, Any], fmt: DatasetFormat, tokenizer: Any) -> str:
 
 
 def token_lengths(rows: list[dict[str, Any]], fmt: DatasetFormat, tokenizer: Any) -> list[int]:
-    texts = [render(r, fmt, tokenizer) for r in rows[:SAMPLED_ROWS]]  # percentiles from a bounded sample
-    enc = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [len(ids) for ids in enc]
+    """Token length of each sampled row (the first SAMPLED_ROWS), tokenized at most PIECE characters per call: a
+    fast tokenizer takes ~240 bytes per character of one call, so a 50 MB row in one call took 12 GB. Past
+    MEASURED characters a row's length is extrapolated at its own measured rate."""
+    texts = [render(r, fmt, tokenizer) for r in rows[:SAMPLED_ROWS]]
+    out = [0] * len(texts)
+    batches: list[list[int]] = [[]]
+    size = 0
+    for i, text in enumerate(texts):
+        if len(text) > PIECE:
+            out[i] = _long_length(text, tokenizer)
+        elif size + len(text) > PIECE and batches[-1]:
+            batches.append([i])
+            size = len(text)
+        else:
+            batches[-1].append(i)
+            size += len(text)
+    for batch in filter(None, batches):
+        enc = tokenizer([texts[i] for i in batch], add_special_tokens=False)["input_ids"]
+        for i, ids in zip(batch, enc, strict=True):
+            out[i] = len(ids)
+    return out
+
+
+def _long_length(text: str, tokenizer: Any) -> int:
+    head = text[:MEASURED]
+    n = sum(
+        len(tokenizer(head[j : j + PIECE], add_special_tokens=False)["input_ids"]) for j in range(0, len(head), PIECE)
+    )
+    return n if len(text) <= MEASURED else round(n * len(text) / len(head))
 
 
 def percentiles(lengths: list[int]) -> dict[str, int]:

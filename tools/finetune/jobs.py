@@ -21,6 +21,8 @@ from typing import Any
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.finetune.schemas import ACTIVE, JobState
 
+CANCEL_MARK = "cancel-requested"  # finetune_cancel's mark in a job's folder: its SIGTERM is a cancel
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -153,6 +155,11 @@ class JobStore:
         row = self.get(job_id)
         if row is None or row["state"] not in ACTIVE or pid_alive(row["pid"], row["pid_started"]):
             return row
+        if (self.job_dir(job_id) / CANCEL_MARK).exists() and not row["error"]:
+            # finetune_cancel's SIGTERM reached the worker before it could catch it (it was still importing):
+            # what the user asked for, not a failure to fix
+            self.finish(job_id, "cancelled", error="cancelled before training started; nothing was trained")
+            return self.get(job_id)
         # a multi-rank job's lead records what it saw and leaves the state to this point, when the launcher has
         # exited and logged which rank failed first
         from gpubox.tools.finetune.launcher import root_cause

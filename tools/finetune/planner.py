@@ -152,9 +152,15 @@ def estimate(
 
 
 def layout(
-    req: FinetuneRequest, device: str, train_rows: int, train_tokens: int, est_result: TrainingOnGpu | None
+    req: FinetuneRequest,
+    device: str,
+    train_rows: int,
+    train_tokens: int,
+    est_result: TrainingOnGpu | None,
+    warnings: list[str] | None = None,
 ) -> tuple[int, int, bool, int, str]:
-    """(micro-batch, accumulation, checkpointing, total steps, why this micro-batch)."""
+    """(micro-batch, accumulation, checkpointing, total steps, why this micro-batch); what the request asks that
+    the dataset cannot give goes to `warnings`."""
     if isinstance(req.per_device_train_batch_size, int):
         micro, why = req.per_device_train_batch_size, "set in the request"
     elif est_result is not None and est_result.micro_batch:
@@ -170,10 +176,21 @@ def layout(
     samples = math.ceil(train_tokens / req.max_length) if req.packing else train_rows
     micro = max(1, min(micro, samples))
     nproc = req.num_processes
+    per_epoch = math.ceil(samples / (micro * nproc))  # micro-batches each process sees in one epoch
+    warned = warnings if warnings is not None else []
     if req.gradient_accumulation_steps:
         accum = req.gradient_accumulation_steps
+        if accum > per_epoch:
+            warned.append(
+                f"gradient_accumulation_steps {accum} is above the {per_epoch} micro-batches of an epoch: each "
+                "epoch makes one optimizer step, over fewer samples than asked"
+            )
     elif req.target_global_batch:
         accum = max(1, math.ceil(req.target_global_batch / (micro * nproc)))
+        if accum > per_epoch:  # one optimizer step per epoch already takes every sample
+            accum = per_epoch
+            note = f"target_global_batch {req.target_global_batch} is above the {samples} training samples"
+            warned.append(f"{note}: gradient accumulation capped at {accum}, one optimizer step per epoch")
     else:
         accum = 1
     if req.gradient_checkpointing == "auto":

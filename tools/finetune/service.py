@@ -109,7 +109,7 @@ class Finetuner:
             req = req.model_copy(update={"use_liger_kernel": False})
         seq = planner.planned_length(req, summary)
         est, on = planner.estimate_or_warning(estimator, req, base, summary.train_rows, tokens, device, warnings, seq)
-        micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on)
+        micro, accum, gc_on, steps, why = planner.layout(req, device, summary.train_rows, tokens, on, warnings)
         if seq < req.max_length and on is not None:
             margin = planner.TEMPLATE_MARGIN
             why += f"; rows planned at {seq} tokens (the longest row + {margin}), not max_length {req.max_length}"

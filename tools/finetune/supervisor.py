@@ -23,11 +23,10 @@ from typing import Any
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.finetune import admission, launcher
-from gpubox.tools.finetune.jobs import JobStore, append_metric, exited, gone, read_metrics
+from gpubox.tools.finetune.jobs import CANCEL_MARK, JobStore, append_metric, exited, gone, read_metrics
 from gpubox.tools.finetune.schemas import ACTIVE, JobStatus
 
 log = logging.getLogger("gpubox.finetune")
-CANCEL_MARK = "cancel-requested"
 # A CUDA context and cuBLAS workspace take 0.3-0.5 GB (PyTorch's "CUDA semantics" notes); the caching allocator
 # keeps blocks beyond what is allocated (its reserved memory, typically 10-30% more under training's churn)
 CUDA_CONTEXT_GB, CUDA_CACHE_FACTOR = 0.5, 1.25
