@@ -48,7 +48,8 @@ def check_toml(path: Path) -> None:
     """ConfigError naming the file when it is missing, unreadable or not TOML (pydantic-settings would raise
     tomllib's own error, a traceback at the CLI)."""
     if not path.is_file():
-        raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+        what = "is a directory" if path.is_dir() else "not found"
+        raise ConfigError(f"config file {path} {what}; pass an existing TOML file to --config")
     try:
         tomllib.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:

@@ -188,7 +188,7 @@ def _load_json(path: Path, servers_key: str) -> tuple[dict[str, Any], dict[str, 
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); gpubox will not "
-            "rewrite it (VS Code allows comments in mcp.json, which gpubox cannot keep): fix it, or add the "
+            "rewrite it (comments, which some clients allow, would be lost): fix it, or add the "
             "entry by hand (`--print` shows it). The file was not changed."
         ) from None
     servers = doc.get(servers_key, {}) if isinstance(doc, dict) else None

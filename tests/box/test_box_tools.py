@@ -107,15 +107,17 @@ async def test_gpu_status_shows_reservations_next_to_measured_use(client: Client
 def test_box_plan_takes_one_action_at_a_time(tmp_path: Path) -> None:
     import anyio
 
-    async def go() -> str:
+    async def go() -> tuple[str, str]:
         mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
         try:
             async with Client(mcp) as c:
-                return await call_err(c, "box_plan", load="x", benchmark="device")
+                two = await call_err(c, "box_plan", load="x", benchmark="device")
+                return two, await call_err(c, "box_plan", context_length=4096)  # was ignored without a word
         finally:
             state_of(mcp).close()
 
-    assert "one action at a time" in anyio.run(go)
+    two, alone = anyio.run(go)
+    assert "one action at a time" in two and "context_length goes with load or serve" in alone
 
 
 async def test_a_restarted_server_keeps_what_live_workers_hold(

@@ -28,6 +28,8 @@ def plan_action(
         raise InvalidInputError(
             "box_plan checks one action at a time: pass only one of load, finetune_plan_id, benchmark, serve"
         )
+    if context_length is not None and load is None and serve is None:
+        raise InvalidInputError("context_length goes with load or serve (the model whose context it sets)")
     ledger = services.ledger(state)
     if load is not None:
         p, adm, evicts = services.models(state).plan_load(load, context_length)

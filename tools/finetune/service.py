@@ -280,7 +280,8 @@ class Finetuner:
     def row(self, job_id: str) -> dict[str, Any]:
         row = self.store.reconcile(job_id)
         if row is None:
-            raise NotFoundError(f"no fine-tuning job '{job_id}'; finetune_list shows the jobs")
+            shown = job_id if len(job_id) <= 40 else job_id[:40] + "..."
+            raise NotFoundError(f"no fine-tuning job '{shown}'; finetune_list shows the jobs")
         return row
 
     def status(self, job_id: str, include_log: bool = False, *, settled: bool = True) -> JobStatus:
