@@ -24,7 +24,8 @@ from fetch import DEFAULT_DEST, QUERIES_DIR, load_specs
 
 from gpubox.settings import Settings
 from gpubox.tools.search.query import legs, rank_lists
-from gpubox.tools.search.rank import DEFAULT, RankConfig, classify, fusion_only, reweighted
+from gpubox.tools.search.query_kind import classify
+from gpubox.tools.search.rank import DEFAULT, RankConfig, fusion_only, reweighted
 from gpubox.tools.search.service import SearchService
 from gpubox.tools.search.store import IndexStore
 

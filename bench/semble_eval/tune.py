@@ -28,7 +28,8 @@ import upstream  # noqa: E402
 
 from gpubox.settings import Settings  # noqa: E402
 from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
-from gpubox.tools.search.rank import DEFAULT, RankConfig, classify, fusion_only, reweighted  # noqa: E402
+from gpubox.tools.search.query_kind import classify  # noqa: E402
+from gpubox.tools.search.rank import DEFAULT, RankConfig, fusion_only, reweighted  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 

@@ -25,7 +25,8 @@ from tune import configs, index_stamp  # noqa: E402
 
 from gpubox.settings import Settings  # noqa: E402
 from gpubox.tools.search.query import legs, rank_lists  # noqa: E402
-from gpubox.tools.search.rank import RankConfig, classify  # noqa: E402
+from gpubox.tools.search.query_kind import classify  # noqa: E402
+from gpubox.tools.search.rank import RankConfig  # noqa: E402
 from gpubox.tools.search.service import SearchService  # noqa: E402
 from gpubox.tools.search.store import IndexStore  # noqa: E402
 

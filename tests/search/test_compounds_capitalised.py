@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.query import compounds
-from gpubox.tools.search.rank import classify
+from gpubox.tools.search.query_kind import classify
 from gpubox.tools.search.store import IndexStore
 
 

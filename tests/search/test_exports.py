@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpubox.tools.search.exports import reexports
-from gpubox.tools.search.rank import DEFAULT, Scored, classify, rerank
+from gpubox.tools.search.query_kind import classify
+from gpubox.tools.search.rank import DEFAULT, Scored, rerank
 from gpubox.tools.search.store import ChunkRow
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from gpubox.tools.search.chunker import chunk_text
 from gpubox.tools.search.paths import superseded_dirs, under
 from gpubox.tools.search.query import hybrid, superseded_of
-from gpubox.tools.search.rank import DEFAULT, classify
+from gpubox.tools.search.query_kind import classify
+from gpubox.tools.search.rank import DEFAULT
 from gpubox.tools.search.store import IndexStore
 
 

@@ -11,17 +11,8 @@ import pytest
 
 from gpubox.tools.search.chunker import chunk_text, embedding_text
 from gpubox.tools.search.query import hybrid, phrase, symbols
-from gpubox.tools.search.rank import (
-    DEFAULT,
-    Scored,
-    classify,
-    dedupe,
-    defines,
-    fuse,
-    path_penalty,
-    rerank,
-    stem_share,
-)
+from gpubox.tools.search.query_kind import classify
+from gpubox.tools.search.rank import DEFAULT, Scored, dedupe, defines, fuse, path_penalty, rerank, stem_share
 from gpubox.tools.search.store import ChunkRow, IndexStore
 from tests.conftest import DATA
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpubox.tools.search.rank import DEFAULT, Scored, classify, rerank
+from gpubox.tools.search.query_kind import classify
+from gpubox.tools.search.rank import DEFAULT, Scored, rerank
 from gpubox.tools.search.store import ChunkRow
 
 # rapidjson's `Double`: class Double in internal/ieee754.h, and a `bool Double(double d)` SAX handler method in

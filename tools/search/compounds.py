@@ -1,5 +1,5 @@
 """Names a sentence spells apart: two or three adjacent words looked up as one identifier ('JSON element' ->
-JsonElement), the compound leg of hybrid search (rank.classify fills QueryProfile.compounds, query.compounds looks
+JsonElement), the compound leg of hybrid search (query_kind.classify fills QueryProfile.compounds, query.compounds looks
 them up)."""
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from typing import Any
 from gpubox.tools.search import filters, vectors
 from gpubox.tools.search.compounds import STOPWORDS
 from gpubox.tools.search.paths import superseded_dirs
-from gpubox.tools.search.rank import DEFAULT, QueryProfile, RankConfig, classify, fuse, rerank
+from gpubox.tools.search.query_kind import QueryProfile, classify
+from gpubox.tools.search.rank import DEFAULT, RankConfig, fuse, rerank
 from gpubox.tools.search.store import QUALIFIER, IndexStore, last_part, split_identifiers
 
 WORD = re.compile(r"[A-Za-z0-9_]+")
@@ -150,7 +151,7 @@ WORD_ONLY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def symbols(store: IndexStore, identifiers: tuple[str, ...], allowed: set[int] | None) -> list[int]:
-    """Chunks that define an identifier the query names (rank.classify decides which tokens are identifiers, so
+    """Chunks that define an identifier the query names (query_kind.classify decides which tokens are identifiers, so
     English words never reach here). Exact case first, then any case (parseArgs finds parse_args' cousin
     ParseArgs); a dotted name (Class.method, pkg::fn) is looked up by its last part."""
     db = store.connect()
