@@ -85,7 +85,9 @@ def test_a_global_batch_above_the_dataset_is_capped_to_one_step_per_epoch_with_a
     assert layout(req, "cpu", 8, 800, None, asked)[1] == 50  # asked explicitly: kept, and said
     assert "above the 2 micro-batches of an epoch" in asked[0], asked
     fine: list[str] = []
-    layout(FinetuneRequest(dataset="d", per_device_train_batch_size=4, target_global_batch=8), "cpu", 8, 800, None, fine)
+    layout(
+        FinetuneRequest(dataset="d", per_device_train_batch_size=4, target_global_batch=8), "cpu", 8, 800, None, fine
+    )
     assert fine == []
 
 
@@ -108,3 +110,27 @@ def test_a_worker_gone_after_a_cancel_request_is_cancelled_not_failed(tmp_path: 
     assert row is not None
     assert row["state"] == ("cancelled" if cancelled else "failed"), row
     assert ("nothing was trained" in row["error"]) is cancelled
+
+
+@pytest.mark.anyio
+async def test_a_plan_over_a_very_long_row_stays_small_and_warns_about_the_worker(
+    tmp_path: Path, hf_base: Path
+) -> None:
+    from mcp import Client
+
+    from gpubox.app import build_server, state_of
+    from tests.conftest import call_ok
+    from tests.finetune.conftest import make_settings
+
+    root = tmp_path / "root"
+    root.mkdir()
+    words = " ".join(f"w{i % 977} {i}" for i in range(600_000))  # ~1.2M tokens, 5 MB in one row
+    (root / "long.jsonl").write_text(json.dumps({"text": words}) + "\n" + json.dumps({"text": "short"}) + "\n")
+    mcp = build_server(make_settings(root, hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await call_ok(client, "finetune_plan", dataset=str(root / "long.jsonl"), max_length=256)
+    finally:
+        state_of(mcp).close()
+    assert plan["dataset"]["token_length_percentiles"]["max"] > 1_000_000
+    assert any("tokenizes each row whole" in w for w in plan["warnings"]), plan["warnings"]
