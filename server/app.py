@@ -87,7 +87,8 @@ class GpuboxServer(MCPServer[AppState]):
         try:
             result = await super().call_tool(name, arguments, context)
         except ToolError as exc:  # pydantic's text names an internal model and links its docs on every error
-            if not isinstance(exc.__cause__, ValidationError):
+            # only the caller's arguments: UnexpectedToolError (a crash, a result that fails its schema) stays masked
+            if type(exc) is not ToolError or not isinstance(exc.__cause__, ValidationError):
                 raise
             raise ToolError(f"Error executing tool {name}: {invalid_arguments(exc.__cause__)}") from exc.__cause__
         if isinstance(result, CallToolResult):
@@ -112,7 +113,6 @@ def build_server(settings: Settings | None = None, *, state: AppState | None = N
     """Create the gpubox MCP server. Heavy state lives in one AppState per server (shared across SSE
     connections, whose lifespan runs per connection)."""
     settings = settings if settings is not None else Settings.load()
-    settings.ensure_state_dir()  # every family keeps files there: an unusable one is said once, at start
     state = state if state is not None else AppState(settings)
 
     @asynccontextmanager

@@ -82,6 +82,7 @@ def _client_settings(ns: argparse.Namespace) -> Any:
 
 def _serve(ns: argparse.Namespace) -> int:
     settings = _load_settings(ns)
+    settings.ensure_state_dir()  # as for call: said once at start, not by every tool
     _setup_logging(settings.log_level)
     from gpubox.app import build_server, state_of
 
@@ -111,6 +112,7 @@ def _call(ns: argparse.Namespace) -> int:
     # A one-shot process has no background: search_index must finish before the call returns, or the process
     # exit would cut the indexing short (the caller can still pass wait_seconds).
     settings = settings.model_copy(update={"search_index_wait_seconds": 3600.0})
+    settings.ensure_state_dir()  # every family keeps files there: an unusable one is one line, not a traceback
     _setup_logging(settings.log_level if ns.log_level else "WARNING")
     from gpubox.app import build_server, state_of
     from gpubox.calling import call_tool

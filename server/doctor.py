@@ -144,6 +144,8 @@ def path_problems(settings: Settings) -> list[str]:
         parent = next((p for p in d.parents if p.exists()), None)
         if parent is None or not parent.is_dir() or not os.access(parent, ok):
             out.append(f"state dir {d} cannot be made: {parent} is not a directory this user can write")
+    if not settings.allowed_roots:
+        out.append("no allowed roots: every path a tool is given is refused")
     for kind, dirs in (("allowed root", settings.allowed_roots), ("model dir", settings.model_dirs)):
         bad = [p for p in dirs if not p.is_dir()]
         out += [f"{kind} {p} {'is not a directory' if p.exists() else 'does not exist'}" for p in bad]

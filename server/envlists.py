@@ -27,11 +27,11 @@ def split_paths(value: Any, what: str, blank_ok: bool = True) -> Any:
     if not isinstance(value, str):
         return _no_blank(value, what)
     text = value.strip()
-    if not text and not blank_ok:  # no roots at all is no default: every path would be refused
-        raise ValueError(f"{what} is set but empty; unset it for the default")
     if text.startswith("["):
         return _no_blank(_json_list(text, what), what)
     parts = [p.strip() for p in text.split(os.pathsep) if p.strip()]
+    if not parts and not blank_ok:  # '' or ':': no roots at all is no default, every path would be refused
+        raise ValueError(f"{what} is set but names no directory; unset it for the default")
     for part in parts:
         # Older configs separated paths with commas; refuse such an entry rather than guess which it meant.
         if "," in part and not Path(part).expanduser().exists():

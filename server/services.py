@@ -50,9 +50,14 @@ def estimator(state: AppState) -> Estimator:
     return state.service(ESTIMATE, lambda s: Estimator(s, runnable=lambda: runnable_models(state)))
 
 
-def runnable_models(state: AppState) -> dict[str, Path]:
-    """What infer_models lists, by name: each GGUF file or HF folder (a LoRA adapter is no model to estimate)."""
-    return {name: d.path for name, d in models(state).discovered().items() if d.format != "lora"}
+def runnable_models(state: AppState) -> tuple[dict[str, Path], list[Path]]:
+    """What infer_models lists, by name (each GGUF file or HF folder; a LoRA adapter is no model to estimate), and
+    the roots those may live in; read from the model dirs without building the inference manager."""
+    from gpubox.tools.inference.registry import discover, registry_dirs, registry_roots
+
+    roots = registry_roots(state.settings)
+    found = discover(registry_dirs(state.settings), roots)
+    return {name: d.path for name, d in found.items() if d.format != "lora"}, roots
 
 
 def search(state: AppState) -> SearchService:

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mcp import Client
 
+from gpubox.app import build_server, state_of
 from gpubox.bundled import smollm2_gguf
+from gpubox.settings import Settings
 from gpubox.tools.estimate.catalog import package_catalog
 from gpubox.tools.estimate.inference import kv_bytes_per_token, max_context, weight_plan
 from tests.conftest import call_err, call_ok, requires_models
@@ -149,6 +151,26 @@ async def test_an_infer_models_name_is_estimated_from_the_file_it_loads(client: 
     assert train["model"]["layers"] == 30 and 130e6 < train["model"]["params"] < 140e6
     text = await call_err(client, "estimate_inference", model="smollm3-135m-instruct", gpu="T4")
     assert f"Did you mean: {name}" in text and "SmolLM2-135M" in text, text
+
+
+@pytest.mark.slow  # as above
+@requires_models
+async def test_a_model_dir_link_to_a_file_outside_it_is_estimated_as_infer_models_lists_it(tmp_path: Path) -> None:
+    gguf = smollm2_gguf()
+    assert gguf is not None
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "linked.gguf").symlink_to(gguf)  # the bundled file, in its package: listed by infer_models
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path], model_dirs=[models]))
+    try:
+        async with Client(mcp) as c:
+            assert "linked" in {m["name"] for m in (await call_ok(c, "infer_models"))["models"]}
+            est = await call_ok(c, "estimate_inference", model="linked", gpu="T4")
+            assert est["model"]["source"] == "gguf" and est["weight_format"] == "q4_1"
+            catalog = await call_ok(c, "estimate_inference", model="SmolLM2-135M", gpu="T4")
+            assert catalog["model"]["source"] == "catalog"  # a catalog name is the catalog's
+    finally:
+        state_of(mcp).close()
 
 
 async def test_a_hf_config_folder_is_read(client: Client, settings: Any) -> None:

@@ -9,7 +9,7 @@ from mcp import Client
 
 from gpubox.app import build_server, state_of
 from gpubox.settings import Settings
-from tests.conftest import call_ok
+from tests.conftest import call_err, call_ok
 
 
 @pytest.mark.anyio
@@ -37,6 +37,10 @@ async def test_indexing_a_folder_with_nothing_to_index_says_why_and_keeps_no_ind
             (listed,) = (await call_ok(client, "search_list"))["indexes"]
             assert listed["state"] == "failed" and "nothing to index" in listed["error"], listed
             assert not (tmp_path / "state" / "search" / "empty").exists()
+            searched = await call_err(client, "search_code", query="x", index="empty")
+            assert "its indexing run failed (nothing to index" in searched, searched
+            assert (await call_ok(client, "search_drop", name="empty"))["dropped"]
+            assert (await call_ok(client, "search_list"))["indexes"] == []
     finally:
         state_of(mcp).close()
 
@@ -58,5 +62,48 @@ async def test_a_folder_indexed_while_empty_is_indexed_under_its_name_once_it_ha
             assert listed["root"] == str(folder) and listed["state"] == "ready", listed
             hits = (await call_ok(client, "search_code", query="compute_tax"))["hits"]
             assert hits[0]["symbol"] == "compute_tax", hits
+            (folder / "tax.py").unlink()  # an index whose folder empties stays an index (of nothing), twice over
+            for message in ("indexed", "up to date"):
+                res = await call_ok(client, "search_index", path=str(folder), wait_seconds=120)
+                assert res["state"] == "ready" and res["files"] == 0 and res["message"] == message, res
     finally:
         state_of(mcp).close()
+
+
+def test_listing_while_a_run_that_found_nothing_removes_its_folder_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """search_list reading the index in the instant its folder goes: answered as the failed run, not an error."""
+    import threading
+
+    from gpubox.tools.search import index_info
+    from gpubox.tools.search.service import SearchService
+
+    root = tmp_path / "root"
+    (root / "empty").mkdir(parents=True)
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
+    discarding, describing, discarded = threading.Event(), threading.Event(), threading.Event()
+    discard, describe = SearchService._discard_unbuilt, index_info.describe
+
+    def ordered_discard(self: SearchService, name: str, store: object) -> None:
+        discarding.set()
+        assert describing.wait(60)  # the listing has seen the folder and holds its store
+        discard(self, name, store)  # type: ignore[arg-type]
+        discarded.set()
+
+    def ordered_describe(*args: object) -> object:
+        describing.set()
+        assert discarded.wait(60)
+        return describe(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SearchService, "_discard_unbuilt", ordered_discard)
+    monkeypatch.setattr(index_info, "describe", ordered_describe)
+    try:
+        progress = svc.start_index(str(root / "empty"), "empty", [], [], None)[2]
+        assert discarding.wait(60)
+        (listed,) = svc.list().indexes
+        assert listed.state in ("failed", "indexing") and listed.root is None, listed
+        assert progress.done.wait(60) and "nothing to index" in (progress.error or "")
+        assert svc.drop("empty").dropped and svc.list().indexes == []  # the failed run's report goes too
+    finally:
+        svc.close()

@@ -10,7 +10,7 @@ from mcp import Client
 
 from gpubox.app import state_of
 from gpubox.tools.search.adapter import search_service
-from gpubox.tools.search.filters import languages_of, relative_glob
+from gpubox.tools.search.filters import languages_of, matches, relative_glob
 from tests.conftest import call_err, call_ok
 from tests.search.conftest import finished
 
@@ -28,6 +28,12 @@ def test_a_glob_with_the_root_or_dot_slash_in_front_is_read_relative_to_the_root
     assert relative_glob("/src/repo/pkg/*.py", "/src/repo") == "pkg/*.py"
     assert relative_glob("./pkg/*.py", "/src/repo") == "pkg/*.py"
     assert relative_glob("pkg/*.py", None) == "pkg/*.py"
+    assert relative_glob("pkg\\*.py", None) == "pkg/*.py"  # written on Windows
+
+
+def test_a_leading_double_star_also_matches_files_at_the_root() -> None:
+    assert matches("setup.py", "**/setup.py") and matches("a/b/setup.py", "**/setup.py")
+    assert not matches("setup.py", "*/setup.py")
 
 
 @pytest.fixture

@@ -107,3 +107,15 @@ async def test_invalid_values_are_named_with_the_bound_and_what_was_sent_without
     assert "model: Field required" in missing and "got" not in missing, missing
     several = await call_err(client, "estimate_training", **{**QUESTION, "max_length": "long", "lora_r": 0})
     assert "max_length:" in several and "(got 'long')" in several and ";" in several, several
+
+
+async def test_a_result_that_fails_its_own_schema_stays_a_masked_crash_not_the_callers_mistake(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpubox.tools.gpu import adapter as gpu_adapter
+
+    # a crash that happens to be a pydantic error (the tool's own output model) must not read "invalid arguments"
+    monkeypatch.setattr(gpu_adapter, "status_with_session", lambda state: {"not": "a GpuStatus"})
+    result = await client.call_tool("gpu_status", {})
+    text = " ".join(getattr(c, "text", "") for c in result.content)
+    assert result.is_error and "invalid arguments" not in text, text

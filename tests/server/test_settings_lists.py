@@ -109,9 +109,10 @@ def test_an_empty_root_entry_is_refused_not_read_as_the_working_directory(
 def test_a_blank_roots_variable_is_refused_rather_than_leaving_no_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GPUBOX_ALLOWED_ROOTS", " ")
-    with pytest.raises(ValidationError, match="set but empty; unset it for the default"):
-        Settings.load(state_dir=tmp_path / "s")
+    for blank in (" ", os.pathsep, f" {os.pathsep} "):
+        monkeypatch.setenv("GPUBOX_ALLOWED_ROOTS", blank)
+        with pytest.raises(ValidationError, match="set but names no directory; unset it for the default"):
+            Settings.load(state_dir=tmp_path / "s")
 
 
 def test_an_empty_path_flag_is_refused_by_the_cli(capsys: pytest.CaptureFixture[str]) -> None:

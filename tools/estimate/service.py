@@ -32,28 +32,30 @@ from gpubox.tools.estimate.targets import Target, cpu_target, local_target, reso
 from gpubox.tools.gpu.devices import local_gpus
 
 DEFAULT_CONTEXT = 8192
+Runnable = tuple[dict[str, Path], list[Path]]  # infer_models' names -> files, and the roots they may live in
 
 
 class Estimator:
-    def __init__(self, settings: Settings, runnable: Callable[[], dict[str, Path]] | None = None) -> None:
-        """`runnable()`: the models infer_models lists, by name, with their GGUF file or HF folder."""
+    def __init__(self, settings: Settings, runnable: Callable[[], Runnable] | None = None) -> None:
+        """`runnable()`: the models infer_models lists (name -> GGUF file or HF folder) and the roots they may
+        live in (a symlink in a model dir may point into the state dir; the bundled model lives in its package)."""
         self.settings = settings
         self.catalog = Catalog(settings.state_dir)
         self.store = CalibrationStore(settings.state_dir / "calibration.sqlite")
         self.roots: list[Path] = [*settings.allowed_roots, *settings.model_dirs]
-        self._runnable = runnable or dict
+        self._runnable = runnable or (lambda: ({}, []))
 
     # --- lookups --------------------------------------------------------------------------------
     def model(self, spec: str) -> ResolvedModel:
-        """A model here by its infer_models name (its real file: shape and quantisation as loaded), else a catalog
-        name or a path."""
-        here = self._runnable() if "/" not in spec else {}
-        local = here.get(spec.lower())
-        if local is not None:  # found by the model registry, inside its roots (the bundled model's among them)
-            return resolve_model(str(local), self.catalog, [*self.roots, local.parent])
+        """A catalog name, a path, else a model here by its infer_models name (read from its file: shape and
+        quantisation as it loads). The catalog is asked first: it needs no walk of the model dirs."""
         try:
             return resolve_model(spec, self.catalog, self.roots)
         except UnknownNameError as exc:
+            here, roots = self._runnable()
+            local = here.get(spec.lower())
+            if local is not None:  # found by the model registry, inside its roots
+                return resolve_model(str(local), self.catalog, [*self.roots, *roots])
             if not here:
                 raise
             raise UnknownNameError("model", spec, [*self.catalog.models, *here], hint=exc.hint) from None

@@ -155,10 +155,13 @@ class JobStore:
         row = self.get(job_id)
         if row is None or row["state"] not in ACTIVE or pid_alive(row["pid"], row["pid_started"]):
             return row
-        if (self.job_dir(job_id) / CANCEL_MARK).exists() and not row["error"]:
-            # finetune_cancel's SIGTERM reached the worker before it could catch it (it was still importing):
-            # what the user asked for, not a failure to fix
-            self.finish(job_id, "cancelled", error="cancelled before training started; nothing was trained")
+        job_dir = self.job_dir(job_id)
+        if (job_dir / CANCEL_MARK).exists() and not row["error"]:
+            # finetune_cancel's SIGTERM ended the worker before it could end the job itself (still importing, or
+            # stopped while saving): what the user asked for, not a failure to fix
+            trained = read_metrics(job_dir) or any((job_dir / "checkpoints").glob("checkpoint-*"))
+            said = "cancelled; the worker stopped before saving a final checkpoint (earlier ones are kept)"
+            self.finish(job_id, "cancelled", error=said if trained else "cancelled before training started")
             return self.get(job_id)
         # a multi-rank job's lead records what it saw and leaves the state to this point, when the launcher has
         # exited and logged which rank failed first

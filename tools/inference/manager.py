@@ -33,6 +33,8 @@ from gpubox.tools.inference.registry import (
     check_files,
     describe,
     discover,
+    registry_dirs,
+    registry_roots,
 )
 from gpubox.tools.inference.resident import Resident
 from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
@@ -46,7 +48,7 @@ class ModelManager:
         self.settings = settings
         self.ledger = ledger if ledger is not None else Ledger(settings)
         self.finetune = settings.state_dir / "finetune"
-        self.dirs = [*settings.model_dirs, settings.state_dir / "models", self.finetune / "adapters"]
+        self.dirs = registry_dirs(settings)
         self.meta = MetaCache()
         self.resident: dict[str, Resident] = {}
         self._lock = threading.Lock()
@@ -62,11 +64,7 @@ class ModelManager:
     # --- registry -------------------------------------------------------------------------------
     def roots(self) -> list[Path]:
         """Where model files (and what a symlink in a model dir points to) may live."""
-        from gpubox.bundled import smollm2_gguf
-
-        bundled = smollm2_gguf()
-        s = self.settings
-        return [*s.model_dirs, *s.allowed_roots, s.state_dir, *([bundled.parent] if bundled else [])]
+        return registry_roots(self.settings)
 
     def discovered(self) -> dict[str, Discovered]:
         return discover(self.dirs, self.roots())

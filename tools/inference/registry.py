@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from gpubox.bundled import smollm2_gguf
 from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError, PathNotAllowedError
 from gpubox.paths import NAME_MAX, check_tree_inside, open_inside, resolve_inside
+from gpubox.settings import Settings
 from gpubox.tools.estimate.modelinfo import ResolvedModel, read_gguf
 from gpubox.tools.inference.schemas import LoadedInfo, ModelEntry
 
@@ -106,6 +107,18 @@ def read_json_object(path: Path, roots: Sequence[Path]) -> dict[str, Any]:
             f"{path} is not a JSON object of at most {JSON_MAX_BYTES // 2**20} MiB; fix or remove the file"
         )
     return data
+
+
+def registry_dirs(settings: Settings) -> list[Path]:
+    """Where infer_models looks: the configured model dirs, merged models and fine-tuned adapters."""
+    return [*settings.model_dirs, settings.state_dir / "models", settings.state_dir / "finetune" / "adapters"]
+
+
+def registry_roots(settings: Settings) -> list[Path]:
+    """Where model files (and what a symlink in a model dir points to) may live."""
+    bundled = smollm2_gguf()
+    s = settings
+    return [*s.model_dirs, *s.allowed_roots, s.state_dir, *([bundled.parent] if bundled else [])]
 
 
 def discover(model_dirs: Sequence[Path], roots: Sequence[Path] | None = None) -> dict[str, Discovered]:

@@ -25,13 +25,19 @@ def languages_of(name: str) -> set[str]:
 
 
 def relative_glob(path_glob: str, root: str | None) -> str:
-    """Paths in an index are relative to its root: a glob written with the root in front, or './', is read so."""
-    glob = path_glob.strip()
+    """Paths in an index are relative to its root, with '/': a glob written with the root in front, './' or
+    Windows' '\\' is read so."""
+    glob = path_glob.strip().replace("\\", "/")
     if root and glob.startswith(root.rstrip("/") + "/"):
         glob = glob[len(root.rstrip("/")) + 1 :]
     while glob.startswith("./"):
         glob = glob[2:]
     return glob
+
+
+def matches(path: str, glob: str) -> bool:
+    """fnmatch, with a leading '**/' also matching no folder ('**/setup.py' finds the top-level one too)."""
+    return fnmatch.fnmatch(path, glob) or (glob.startswith("**/") and fnmatch.fnmatch(path, glob[3:]))
 
 
 def allowed(store: IndexStore, path_glob: str | None, language: str | None) -> list[int] | None:
@@ -49,9 +55,10 @@ def allowed(store: IndexStore, path_glob: str | None, language: str | None) -> l
             raise UnknownNameError("language", language or "", present, hint=f"Those are index '{name}'s languages.")
         raise InvalidInputError(f"index '{name}' has no {language} files; its languages: {', '.join(present)}")
     glob = relative_glob(path_glob, store.meta().get("root")) if path_glob else None
-    keep = [i for i, p, lang in rows if (langs is None or lang in langs) and (glob is None or fnmatch.fnmatch(p, glob))]
+    keep = [i for i, p, lang in rows if (langs is None or lang in langs) and (glob is None or matches(p, glob))]
     if not keep:
-        example = next(p for _, p, lang in rows if langs is None or lang in langs)
+        paths = [p for _, p, lang in rows if langs is None or lang in langs]
+        example = next((p for p in paths if "/" in p), paths[0])
         scope = f" among its {language} files" if language else ""
         raise InvalidInputError(
             f"path_glob '{path_glob}' matches no file of index '{name}'{scope}; paths are relative to the index "

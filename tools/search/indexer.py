@@ -102,7 +102,7 @@ def run_index(
     result = walk(root, options)
     progress.files_total = len(result.files)
     known = store.file_hashes()
-    if not result.files and not known:  # a wrong path or filter: said, not an index that never has a root
+    if not result.files and not known and not meta.get("generation"):  # a wrong path or filter, on a new index
         raise NothingToIndex(str(root), result.excluded)
     progress.phase = "chunking"
     # files chunked by an older chunker are chunked again (their unchanged chunk texts keep their vectors); vectors

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from gpubox.errors import BusyError, InvalidInputError, NotFoundError, UnknownNameError
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.filelock import try_exclusive
 from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
@@ -103,8 +104,12 @@ class SearchService:
 
     def resolve_name(self, name: str | None) -> str:
         if name:
-            if name not in self.names() and name not in self._jobs:
-                raise UnknownNameError("index", name, self.names(), hint="Create it with search_index.")
+            if name not in self.names():
+                job = self._jobs.get(name)
+                if job is None:
+                    raise UnknownNameError("index", name, self.names(), hint="Create it with search_index.")
+                if job.finished is not None and job.error:  # its first run committed nothing
+                    raise NotFoundError(f"index '{name}' has no data: its indexing run failed ({job.error})")
             return name
         names = self.names()
         if len(names) == 1:
@@ -327,7 +332,12 @@ class SearchService:
             if job is None:
                 raise UnknownNameError("index", name, self.names())
             return index_info.unbuilt(name, job)
-        return index_info.describe(name, self.store(name), job, self.embedder.adapter)
+        try:
+            return index_info.describe(name, self.store(name), job, self.embedder.adapter)
+        except (OSError, sqlite3.Error, GpuboxError):
+            if job is None or name in self.names():
+                raise
+            return index_info.unbuilt(name, job)  # its first run found nothing and removed it meanwhile
 
     def list(self) -> IndexList:
         with self._lock:
@@ -348,7 +358,11 @@ class SearchService:
     def drop(self, name: str) -> DropResult:
         with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
             if name not in self.names():
-                raise UnknownNameError("index", name, self.names())
+                job = self._jobs.get(name)
+                if job is None or job.finished is None:
+                    raise UnknownNameError("index", name, self.names())
+                del self._jobs[name]  # a first run that failed before committing anything: only its report
+                return DropResult(name=name, dropped=True, freed_bytes=0)
             ensure_not_running(self._jobs.get(name), name, ": it is not dropped while the run goes on")
             run_lock = self._run_lock(name)  # not while another server builds it; held until the folder moves
             try:
