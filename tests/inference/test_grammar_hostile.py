@@ -19,7 +19,7 @@ import pytest
 
 from gpubox.bundled import smollm2_gguf
 from gpubox.errors import InvalidInputError, OutputRejectedError
-from gpubox.tools.inference.grammar import check_gbnf, check_schema, schema_to_gbnf
+from gpubox.tools.inference.grammar import check_gbnf, check_schema, format_literal, schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
 from gpubox.tools.inference.output_check import check_output
 from gpubox.tools.inference.pattern import pattern_to_gbnf
@@ -192,12 +192,24 @@ print("RESULT " + json.dumps(out))
 """
 
 
+# string constants whose JSON text holds backslash escapes the grammar must keep as written
+LITERALS = {"nul": "a\x00b", "quote": 'say "hi"', "backslash": "a\\b", "emoji": "\U0001f600", "tab": "t\tz"}
+
+
+def test_literals_keep_the_backslashes_of_their_json_text() -> None:
+    assert format_literal(json.dumps("a\x00b")) == '"\\"a\\\\u0000b\\""'
+    assert format_literal('say "hi"\n') == '"say \\"hi\\"\\n"'
+    check_gbnf(schema_to_gbnf({"enum": [v for v in LITERALS.values()]}))
+
+
 @pytest.mark.slow
 def test_the_real_server_survives_every_schema_that_crashed_it_and_answers_with_matching_text(tmp_path: Path) -> None:
     cases = {p: {"type": "string", "pattern": p} for p in CRASHED}
     email = {"type": "string", "pattern": r"^[\w.-]+@[\w-]+\.\w+$"}
     cases["nested"] = {"type": "object", "properties": {"email": email}, "required": ["email"]}
     cases["unique"] = {"type": "array", "items": {"enum": ["a"]}, "minItems": 2, "uniqueItems": True}
+    cases.update({f"literal {k}": {"const": v} for k, v in LITERALS.items()})  # a NUL const aborted the server
+    cases["quoted name"] = {"type": "object", "properties": {'a"b': {"const": 1}}, "required": ['a"b']}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "state"), json.dumps(cases)],
         capture_output=True,
@@ -210,6 +222,10 @@ def test_the_real_server_survives_every_schema_that_crashed_it_and_answers_with_
     assert out.pop("alive") is True
     is_error, text, _ = out.pop("unique")  # the grammar can only produce ["a", "a"]: the check must catch it
     assert is_error and "uniqueItems" in text, text
+    for k, v in LITERALS.items():  # each literal's JSON escapes are written out, and read back as the value
+        is_error, text, parsed = out.pop(f"literal {k}")
+        assert not is_error and parsed == v, (k, text)
+    assert out.pop("quoted name")[2] == {'a"b': 1}
     matched = 0
     for name, (is_error, text, parsed) in out.items():
         if is_error:  # max_tokens can end a string early; that is reported, never a crash

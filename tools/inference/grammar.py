@@ -288,6 +288,22 @@ def _check_body(name: str, body: list[tuple[str, str]], rules: dict[str, Any]) -
         raise InvalidInputError(f"{where} is empty; the schema admits no value there")
 
 
+_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def format_literal(literal: str) -> str:
+    """A GBNF string literal matching `literal` exactly. The converter's own escapes only \\r, \\n and '"', so the
+    backslashes of the JSON text it quotes (json.dumps writes '\\u0000', '\\"', '\\ud83d') were read by llama.cpp
+    as escapes: a schema const holding a NUL aborted the whole server mid-generation, a quote broke the grammar,
+    an emoji could never be produced."""
+    if "\x00" in literal:  # llama.cpp ends a grammar element at code point 0
+        raise InvalidInputError("json_schema holds a NUL character where no JSON text can carry it unescaped")
+    out = (
+        _LITERAL_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in literal
+    )
+    return '"' + "".join(out) + '"'
+
+
 def schema_to_gbnf(schema: dict[str, Any]) -> str:
     """The checked GBNF grammar for `schema` (llama-cpp-python's converter with gpubox's regex translation, run
     on the caller's thread)."""
@@ -314,6 +330,9 @@ def _converter_class() -> type:
     from llama_cpp.llama_grammar import SchemaConverter
 
     class Converter(SchemaConverter):
+        def _format_literal(self, literal: str) -> str:
+            return format_literal(literal)
+
         def _visit_pattern(self, pattern: str, name: str) -> str:
             # the upstream translation copies regex escapes into the grammar (see the module docstring)
             body = pattern_to_gbnf(pattern, name)
