@@ -63,9 +63,16 @@ class Fake(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        listed = self.server.models[0]  # a test may break the model list on purpose: then any name answers
+        data = listed.get("data") if isinstance(listed, dict) else None
+        known = {m["id"] for m in data} if isinstance(data, list) else {body["model"]}
+        if body["model"] not in known:  # as vLLM: a model is asked for by its name as written
+            self.reply({"error": {"message": f"The model `{body['model']}` does not exist.", "code": 404}}, 404)
+            return
         mode = body["messages"][-1]["content"]
-        if mode == "json":  # stream=true ignored: one whole completion
-            answer = {"choices": [{"message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}]}
+        if mode in ("json", "bigjson"):  # stream=true ignored: one whole completion
+            content = "hello" if mode == "json" else "x" * 5_000_000  # a server that ignores max_tokens too
+            answer = {"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
             self.reply({**answer, "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
             return
         self.send_response(200)
@@ -103,6 +110,8 @@ class Fake(BaseHTTPRequestHandler):
             w.write(b"data: [DONE]")
         elif mode == "finished":  # a finish_reason, then the connection closes without [DONE]
             self.event({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]})
+        elif mode == "surrogate":  # valid JSON whose "\ud800" escape decodes to a lone surrogate
+            self.event({"choices": [{"delta": {"content": "a\ud800b"}, "finish_reason": "stop"}]})
         else:
             raw = {
                 "list": b"[1, 2]",
@@ -219,12 +228,16 @@ async def test_a_finish_reason_completes_an_answer_without_done_and_json_is_read
 ) -> None:
     with serving() as server:
         async with attached(tmp_path, server) as (c, _):
-            res = await call_ok(c, "infer_chat", model="fake", messages=say("finished"), max_tokens=5)
-            assert (res["text"], res["finish_reason"]) == ("ok", "stop")
+            res = await call_ok(c, "infer_chat", model="FAKE", messages=say("finished"), max_tokens=5)
+            assert (res["text"], res["finish_reason"], res["model"]) == ("ok", "stop", "fake")  # its own spelling
             res = await call_ok(c, "infer_chat", model="fake", messages=say("json"), max_tokens=5)
             assert (res["text"], res["finish_reason"], res["prompt_tokens"]) == ("hello", "stop", 3)
             res = await call_ok(c, "infer_chat", model="fake", messages=say("lastline"), max_tokens=5)
             assert (res["text"], res["finish_reason"]) == ("ok", "stop")
+            res = await call_ok(c, "infer_chat", model="fake", messages=say("surrogate"), max_tokens=5)
+            assert res["text"] == "a\ufffdb"  # was a bare "Error executing tool": the answer could not be sent
+            res = await call_ok(c, "infer_chat", model="fake", messages=say("bigjson"), max_tokens=5)
+            assert res["finish_reason"] == "length" and len(res["text"]) < 5 * 1000, len(res["text"])
 
 
 @pytest.mark.parametrize(

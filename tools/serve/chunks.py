@@ -106,12 +106,22 @@ def parse(chunk: Any, chat: bool) -> Chunk:
         if piece is not None and not isinstance(piece, str):
             raise BadChunk("the content must be a string")
         if piece:
-            out.pieces.append(piece)
+            out.pieces.append(_valid(piece))
         finish = choice.get("finish_reason")
         if finish is not None and not isinstance(finish, str):
             raise BadChunk("'finish_reason' must be a string")
         out.finish = finish or out.finish
     return out
+
+
+def _valid(piece: str) -> str:
+    """`piece` as text that can be sent on: JSON's "\\ud800" escape without its pair decodes to a lone surrogate,
+    which no UTF-8 encoder takes (the answer failed to serialise: a bare tool error). It becomes U+FFFD."""
+    try:
+        piece.encode("utf-8")
+    except UnicodeEncodeError:
+        return piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return piece
 
 
 def _usage(usage: Any) -> dict[str, int] | None:

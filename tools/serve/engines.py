@@ -279,7 +279,7 @@ class EngineManager:
     # --- attach / stop --------------------------------------------------------------------------
     def attach(self, base_url: str, api_key: str | None, name: str | None) -> EngineRecord:
         check_http_url(base_url, "base_url", "e.g. http://127.0.0.1:8000/v1")
-        served = client.models(base_url, api_key, attaching=True)  # a wrong URL is the caller's to fix
+        served = [m for m in client.models(base_url, api_key, attaching=True) if m.strip()]  # no blank name
         if not served:
             raise NotFoundError(f"{base_url} serves no model")
         model = name or served[0]

@@ -85,11 +85,19 @@ async def check_room(
         )
 
 
+def served_as(rec: EngineRecord, model: str | None) -> str:
+    """The engine's own spelling of `model`: routing ignores case, but vLLM checks a request's model name as
+    written."""
+    if model is None:
+        return rec.model
+    return next((n for n in (rec.model, *rec.aliases) if n.lower() == model.lower()), model)
+
+
 def request_body(
     rec: EngineRecord, messages: list[dict[str, str]] | None, prompt: str | None, p: GenParams, model: str | None
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": model or rec.model,  # a LoRA adapter the engine serves is asked for by its own name
+        "model": served_as(rec, model),  # a LoRA adapter the engine serves is asked for by its own name
         "max_tokens": p.max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -152,7 +160,8 @@ async def generate(
                         except ReportedError as exc:  # an error the engine reports: the request's, an overload's
                             raise classify(exc.error, who, fix) from None
                         usage = chunk.usage or usage
-                        for piece in chunk.pieces:
+                        for whole in chunk.pieces:
+                            piece = whole[: max(0, max_chars + 1 - size)]  # a whole JSON answer is cut too
                             first = first or time.perf_counter()
                             text.append(piece)
                             chunks += 1
@@ -192,7 +201,7 @@ async def generate(
         # every client shares
         parsed = await anyio.to_thread.run_sync(checked)
     return GenerationResult(
-        model=model or rec.model,
+        model=served_as(rec, model),
         text=out,
         finish_reason="length" if finish == "length" else "stop",
         prompt_tokens=usage.get("prompt_tokens") or 0,
