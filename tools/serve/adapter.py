@@ -46,6 +46,11 @@ async def confirm_serve(
     return ask(ctx, f"Start a vLLM engine for {model}: it holds {held} until serve_stop; start-up takes minutes.")
 
 
+# status calls probe engines over HTTP, each blocking a worker thread up to serve_probe_timeout_s: many of them on a
+# hung engine took all of anyio's 40 shared threads, and every other client's tool waited. They queue here instead.
+PROBES = anyio.CapacityLimiter(4)
+
+
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(
         mcp,
@@ -87,12 +92,12 @@ def register(mcp: MCPServer[Any]) -> None:
     ) -> EngineStatus:
         """An engine's state, health, URL and key, metrics and memory; the log tail if it failed."""
         engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
-        st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log)
+        st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log, limiter=PROBES)
         deadline = time.monotonic() + wait_seconds
         while st.state in ("preparing", "starting") and time.monotonic() < deadline:
             await ctx.report_progress(0, None, f"{st.state}: {time.monotonic() - deadline + wait_seconds:.0f} s")
             await anyio.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-            st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log)
+            st = await anyio.to_thread.run_sync(engines.status, engine_id, include_log, limiter=PROBES)
         return st
 
     @gpubox_tool(mcp, annotations=READ_ONLY, title="Engines")
@@ -115,7 +120,7 @@ def register(mcp: MCPServer[Any]) -> None:
                     base_url=rec.base_url, error=str(exc), next_step=f"serve_status engine_id='{rec.id}' shows it",
                 )  # fmt: skip
 
-        return await anyio.to_thread.run_sync(all_status)
+        return await anyio.to_thread.run_sync(all_status, limiter=PROBES)
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Stop an engine")
     async def serve_stop(ctx: Context, engine_id: EngineId) -> EngineStatus:
@@ -138,4 +143,4 @@ def register(mcp: MCPServer[Any]) -> None:
         """Route infer_chat/infer_complete to a running OpenAI-compatible server; gpubox never stops it."""
         engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
         rec = await anyio.to_thread.run_sync(lambda: engines.attach(base_url, api_key, name))
-        return await anyio.to_thread.run_sync(engines.status, rec.id)
+        return await anyio.to_thread.run_sync(engines.status, rec.id, limiter=PROBES)
