@@ -256,6 +256,9 @@ async def test_transformers_backend_loads_the_gguf_dequantised_and_generates(env
             messages=[SYSTEM, {"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in out["text"] and out["completion_tokens"] > 0
+        # its speed is not llama.cpp's: no calibration of the GGUF may come from it (estimate_inference read it)
+        bench = await call_ok(client, "infer_benchmark", model="smollm2-copy", requests=1, max_tokens=4)
+        assert bench["decode_tokens_per_s"] > 0 and bench["calibration_id"] is None, bench
         await call_ok(client, "infer_unload", name="smollm2-copy")
 
 

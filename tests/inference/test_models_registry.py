@@ -78,12 +78,19 @@ async def test_a_broken_config_json_is_listed_with_the_problem_and_refused_by_na
     assert str(broken / "config.json") in text and "not valid JSON" in text
 
 
-async def test_a_file_that_is_not_a_gguf_is_listed_with_the_problem_and_refused(env: tuple[Any, Path]) -> None:
+async def test_a_file_that_is_not_a_gguf_is_listed_with_the_problem_and_refused(
+    env: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mcp, models = env
     (models / "fake.gguf").write_text("this is not a model\n" * 10)
     async with Client(mcp) as client:
         entry = (await listed(client))["fake"]
         assert entry["problem"] and "fake.gguf" in entry["problem"] and entry["params"] is None
+        reads: list[Path] = []
+        read = registry.read_gguf
+        monkeypatch.setattr(registry, "read_gguf", lambda path: reads.append(path) or read(path))
+        assert (await listed(client))["fake"]["problem"] == entry["problem"]
+        assert models / "fake.gguf" not in reads  # a broken file is not read again until it changes
         text = await call_err(client, "infer_load", name="fake")
     assert "fake.gguf" in text and "not a GGUF file" in text
 

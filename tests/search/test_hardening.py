@@ -238,3 +238,12 @@ def test_a_second_start_while_a_finished_run_still_releases_its_memory_is_told_i
     finished(progress)
     again = finished(svc.start_index(str(repo), "settling", [], [], None)[2])
     assert again.phase == "ready"
+
+
+@pytest.mark.parametrize(
+    ("folder", "name"), [(".dotrepo", "dotrepo"), ("ñandú", "nandu"), ("my repo", "my-repo"), ("中文", "root")]
+)
+def test_a_folder_name_no_index_name_can_hold_still_gives_one(svc: SearchService, folder: str, name: str) -> None:
+    (svc.settings.allowed_roots[0] / folder).mkdir()
+    (svc.settings.allowed_roots[0] / folder / "a.py").write_text("def a():\n    return 1\n")
+    assert svc.dry_run(str(svc.settings.allowed_roots[0] / folder), None, [], [], None).name == name

@@ -208,7 +208,8 @@ def register(mcp: MCPServer[Any]) -> None:
             )
 
         def record(r: Resident, decode: float, prefill: float, peak_gb: float) -> service.Recorded:
-            if r.entry.format != "gguf" or decode <= 0:
+            # the estimator's llama.cpp figures: a GGUF that transformers dequantised runs another way entirely
+            if r.entry.format != "gguf" or r.plan.backend != "llama.cpp" or decode <= 0:
                 return None
             from gpubox.tools.estimate.adapter import estimator
             from gpubox.tools.gpu.nvml import gpu_status

@@ -298,9 +298,7 @@ def format_literal(literal: str) -> str:
     an emoji could never be produced."""
     if "\x00" in literal:  # llama.cpp ends a grammar element at code point 0
         raise InvalidInputError("json_schema holds a NUL character where no JSON text can carry it unescaped")
-    out = (
-        _LITERAL_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in literal
-    )
+    out = (_LITERAL_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in literal)
     return '"' + "".join(out) + '"'
 
 

@@ -167,8 +167,15 @@ class MetaCache:
         with self._lock:
             hit = self._data.get((kind, path))
         if hit is not None and hit[0] == stamp:
+            if isinstance(hit[1], GpuboxError):  # a broken file is not read again until it changes
+                raise hit[1].with_traceback(None)
             return hit[1]
-        value = read()  # outside the lock: a slow header read must not stall other lookups
+        try:
+            value = read()  # outside the lock: a slow header read must not stall other lookups
+        except GpuboxError as exc:  # infer_models re-read two broken 98 MB files in full on every call
+            with self._lock:
+                self._data[(kind, path)] = (stamp, exc)
+            raise
         with self._lock:
             self._data[(kind, path)] = (stamp, value)
         return value

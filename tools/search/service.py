@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from pathlib import Path
 from typing import IO, Any
@@ -58,6 +59,13 @@ INDEXING_GPU_GB = 0.6
 
 
 DROPPED = "~dropped-"  # a dropped index's folder while it is deleted ('~' is in no index name)
+
+
+def default_name(root: Path) -> str:
+    """An index name from a folder's: accents dropped ('ñandú' -> 'nandu'), other characters '-', never a leading
+    '.' or '-' ('.dotrepo' -> 'dotrepo'), 'root' when nothing is left."""
+    ascii_name = unicodedata.normalize("NFKD", root.name).encode("ascii", "ignore").decode()
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", ascii_name).lstrip(".-_")[:64].rstrip(".-") or "root"
 
 
 class SearchService:
@@ -125,7 +133,7 @@ class SearchService:
         root = resolve_root(path, self.settings.allowed_roots)
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
-        name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
+        name = self._check_name(name or default_name(root))
         existing = self.store(name).meta().get("root") if name in self.names() else None
         if existing and existing != str(root):
             raise InvalidInputError(
@@ -233,7 +241,7 @@ class SearchService:
         root = resolve_root(path, self.settings.allowed_roots)
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
-        name = self._check_name(name or re.sub(r"[^A-Za-z0-9_.-]", "-", root.name)[:64] or "root")
+        name = self._check_name(name or default_name(root))
         walked = walk(root, WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes))
         return preview(root, name, walked, self.store(name) if name in self.names() else None, self.embedder)
 
