@@ -73,6 +73,8 @@ async def test_loads_reserve_evict_idle_models_and_never_a_pinned_one(client: Cl
     gb = a["plan"]["estimated_memory_gb"]
     held = await call_ok(client, "box_plan")
     assert owners(held) == ["model a"] and held["box"]["devices"][0]["reserved_gb"] == pytest.approx(gb, abs=1e-3)
+    again = await call_ok(client, "box_plan", load="a", context_length=CTX)  # a reload frees its own copy first
+    assert again["admission"]["fits"] and "is loaded" in again["admission"]["reason"], again["admission"]
 
     would = await call_ok(client, "box_plan", load="b", context_length=CTX)
     assert would["admission"]["fits"] and "evicting idle models" in would["admission"]["reason"]

@@ -24,7 +24,7 @@ from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
 from gpubox.tools.inference.measure import LoadMeasurements, config_key, with_last_load
-from gpubox.tools.inference.planning import open_backend, plan
+from gpubox.tools.inference.planning import choose_backend, open_backend, plan
 from gpubox.tools.inference.registry import (
     DEFAULT_MODEL,
     Discovered,
@@ -37,7 +37,7 @@ from gpubox.tools.inference.registry import (
     registry_roots,
 )
 from gpubox.tools.inference.resident import Resident
-from gpubox.tools.inference.room import ledger_needs, owner_of, shortfall_victims
+from gpubox.tools.inference.room import ledger_needs, owner_of, reload_needs, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
@@ -221,12 +221,7 @@ class ModelManager:
             adapter_d = self.find(adapter)
             if adapter_d.format != "lora":
                 raise InvalidInputError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json)")
-        chosen = backend if backend != "auto" else ("llama.cpp" if d.format == "gguf" else "transformers")
-        if adapter_d is not None and chosen == "llama.cpp" and not (adapter_d.path / "adapter.gguf").is_file():
-            chosen = "transformers"  # peft adapters apply through transformers; GGUF LoRA through llama.cpp
-        if chosen == "llama.cpp" and d.format != "gguf":
-            raise InvalidInputError(f"{d.name} is an HF folder; llama.cpp needs a GGUF file (use backend=transformers)")
-        return d, adapter_d, chosen
+        return d, adapter_d, choose_backend(d, adapter_d, backend)
 
     def plan_load(self, name: str, context_length: int | None = None) -> tuple[LoadPlan, Admission, list[str]]:
         """What infer_load would do now, loading nothing: its plan, the ledger's answer and the idle models it
@@ -234,10 +229,13 @@ class ModelManager:
         d, adapter_d, chosen = self._resolve(name, "auto", None)
         p = plan(self.settings, self.meta, d, chosen, context_length, None, "f16")
         p = with_last_load(p, self.measured.known(config_key(d, p, adapter_d, None)))
-        adm = self.ledger.check(ledger_needs(p))
+        key = adapter_d.name if adapter_d else d.name
+        needs = reload_needs(ledger_needs(p), self.ledger.holding(owner_of(key)))
+        if not any(needs.values()):
+            return p, Admission(fits=True, needs={}, reason=f"{key} is loaded; its reservation covers it"), []
+        adm = self.ledger.check(needs)
         if adm.fits:
             return p, adm, []
-        key = adapter_d.name if adapter_d else d.name
         with self._lock:
             victims = shortfall_victims(adm, [r for r in self._evictable() if r.name != key])
         return p, adm, [r.name for r in victims or []]

@@ -23,6 +23,18 @@ from gpubox.tools.inference.schemas import LoadPlan
 Backend = LlamaBackend | LlamaProcessBackend | TransformersBackend
 
 
+def choose_backend(
+    d: Discovered, adapter_d: Discovered | None, backend: Literal["auto", "llama.cpp", "transformers"]
+) -> Literal["llama.cpp", "transformers"]:
+    """The backend a load of `d` (with `adapter_d`) runs on: llama.cpp for a GGUF unless asked otherwise."""
+    chosen = backend if backend != "auto" else ("llama.cpp" if d.format == "gguf" else "transformers")
+    if adapter_d is not None and chosen == "llama.cpp" and not (adapter_d.path / "adapter.gguf").is_file():
+        chosen = "transformers"  # peft adapters apply through transformers; GGUF LoRA through llama.cpp
+    if chosen == "llama.cpp" and d.format != "gguf":
+        raise InvalidInputError(f"{d.name} is an HF folder; llama.cpp needs a GGUF file (use backend=transformers)")
+    return chosen
+
+
 def plan(
     settings: Settings,
     meta: MetaCache,

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from gpubox.tools.box.schemas import Admission
+from gpubox.tools.box.schemas import Admission, Holding
 from gpubox.tools.inference.schemas import LoadPlan
 
 PARTIAL = re.compile(r"cuda \((\d+)/(\d+) layers\)")
@@ -35,6 +35,13 @@ def ledger_needs(p: LoadPlan) -> dict[str, float]:
         return {"cuda:0": gb}
     share = int(m.group(1)) / max(1, int(m.group(2)))
     return {"cuda:0": gb * share, "host": gb * (1 - share)}
+
+
+def reload_needs(needs: dict[str, float], held: Holding | None) -> dict[str, float]:
+    """What a load needs beyond what the model's loaded copy (`held`) holds: a reload frees that copy first."""
+    if held is None:
+        return needs
+    return {dev: max(0.0, gb - held.devices.get(dev, 0.0)) for dev, gb in needs.items()}
 
 
 def shortfall_victims(admission: Admission, idle: Sequence[E]) -> list[E] | None:

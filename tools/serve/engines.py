@@ -109,7 +109,7 @@ class EngineManager:
 
     def serving(self, model: str) -> EngineRecord | None:
         """The live engine serving `model` (its served name), if any: where infer_* requests for it go. An
-        unresponsive one too: the request probes it first and fails at once unless it answers again."""
+        unresponsive one too: the request probes it first and fails after that probe unless it answers again."""
         for rec in self.records():
             names = [rec.model, *rec.aliases]
             if model.lower() in (n.lower() for n in names) and rec.state in SERVING:
