@@ -110,6 +110,8 @@ class Fake(BaseHTTPRequestHandler):
             w.write(b"data: [DONE]")
         elif mode == "finished":  # a finish_reason, then the connection closes without [DONE]
             self.event({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]})
+        elif mode == "filtered":  # the server's moderation withheld the rest
+            self.event({"choices": [{"delta": {"content": "I can"}, "finish_reason": "content_filter"}]})
         elif mode == "surrogate":  # valid JSON whose "\ud800" escape decodes to a lone surrogate
             self.event({"choices": [{"delta": {"content": "a\ud800b"}, "finish_reason": "stop"}]})
         else:
@@ -234,6 +236,8 @@ async def test_a_finish_reason_completes_an_answer_without_done_and_json_is_read
             assert (res["text"], res["finish_reason"], res["prompt_tokens"]) == ("hello", "stop", 3)
             res = await call_ok(c, "infer_chat", model="fake", messages=say("lastline"), max_tokens=5)
             assert (res["text"], res["finish_reason"]) == ("ok", "stop")
+            res = await call_ok(c, "infer_chat", model="fake", messages=say("filtered"), max_tokens=5)
+            assert (res["text"], res["finish_reason"]) == ("I can", "content_filter")  # was reported as "stop"
             res = await call_ok(c, "infer_chat", model="fake", messages=say("surrogate"), max_tokens=5)
             assert res["text"] == "a\ufffdb"  # was a bare "Error executing tool": the answer could not be sent
             res = await call_ok(c, "infer_chat", model="fake", messages=say("bigjson"), max_tokens=5)

@@ -78,7 +78,9 @@ class UnloadResult(BaseModel):
 class GenerationResult(BaseModel):
     model: str
     text: str
-    finish_reason: Literal["stop", "length", "cancelled"]
+    finish_reason: Literal["stop", "length", "cancelled", "content_filter"] = Field(
+        description="content_filter: an attached server withheld the rest of the answer"
+    )
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token_s: float | None

@@ -203,7 +203,7 @@ async def generate(
     return GenerationResult(
         model=served_as(rec, model),
         text=out,
-        finish_reason="length" if finish == "length" else "stop",
+        finish_reason=finish if finish in ("length", "content_filter") else "stop",
         prompt_tokens=usage.get("prompt_tokens") or 0,
         completion_tokens=completion,
         time_to_first_token_s=round(first - t0, 4) if first else None,
