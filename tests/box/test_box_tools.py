@@ -238,3 +238,25 @@ async def test_an_engine_configuration_that_took_more_than_planned_reserves_that
     assert ok["admission"]["needs"]["host"] == pytest.approx(planned + 1.5)
     assert "what this configuration took when it last ran" in ok["plan"]["reasons"][-1]
     assert other["plan"]["estimate_gb"] is None  # another configuration keeps its estimate
+
+
+@requires_llama
+@requires_models
+async def test_box_plan_checks_the_resident_limit_and_names_the_pin(box: Settings) -> None:
+    """With one resident slot held by a pinned model, box_plan said "fits" (it checked memory only) where
+    infer_load refused, and the refusal did not say a pin held the slot."""
+    settings = box.model_copy(update={"infer_max_resident": 1, "memory_budget_gb": None})
+    mcp = build_server(settings)
+    try:
+        async with Client(mcp) as c:
+            await call_ok(c, "infer_load", name="a", context_length=CTX, pin=True)
+            plan = await call_ok(c, "box_plan", load="b", context_length=CTX)
+            refused = await call_err(c, "infer_load", name="b", context_length=CTX)
+            assert plan["admission"]["fits"] is False and "a (pinned)" in plan["admission"]["reason"]
+            assert "a (pinned)" in refused and "infer_max_resident=1" in refused
+            await call_ok(c, "infer_load", name="a", context_length=CTX, pin=False)  # no pin: b may evict it
+            plan = await call_ok(c, "box_plan", load="b", context_length=CTX)
+            assert plan["admission"]["fits"] and "evicting idle models" in plan["admission"]["reason"], plan
+            assert (await call_ok(c, "infer_load", name="b", context_length=CTX))["evicted"] == ["a"]
+    finally:
+        state_of(mcp).close()

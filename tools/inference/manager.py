@@ -23,6 +23,7 @@ from gpubox.errors import CapacityError, InvalidInputError, UnknownNameError
 from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
+from gpubox.tools.inference import room
 from gpubox.tools.inference.measure import LoadMeasurements, config_key, with_last_load
 from gpubox.tools.inference.planning import choose_backend, open_backend, plan
 from gpubox.tools.inference.registry import (
@@ -37,7 +38,7 @@ from gpubox.tools.inference.registry import (
     registry_roots,
 )
 from gpubox.tools.inference.resident import Resident
-from gpubox.tools.inference.room import ledger_needs, owner_of, reload_needs, shortfall_victims
+from gpubox.tools.inference.room import idle_first, ledger_needs, owner_of, reload_needs, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
 
 log = logging.getLogger("gpubox.inference")
@@ -231,41 +232,29 @@ class ModelManager:
         p = with_last_load(p, self.measured.known(config_key(d, p, adapter_d, None)))
         key = adapter_d.name if adapter_d else d.name
         needs = reload_needs(ledger_needs(p), self.ledger.holding(owner_of(key)))
+        try:
+            with self._lock:
+                limited = self._limit_victims(key, p.estimated_memory_gb)
+        except CapacityError as exc:
+            return p, Admission(fits=False, needs=needs, reason=str(exc)), []
+        evicts = [r.name for r in limited]
         if not any(needs.values()):
-            return p, Admission(fits=True, needs={}, reason=f"{key} is loaded; its reservation covers it"), []
+            return p, Admission(fits=True, needs={}, reason=f"{key} is loaded; its reservation covers it"), evicts
         adm = self.ledger.check(needs)
         if adm.fits:
-            return p, adm, []
+            return p, adm, evicts
         with self._lock:
             victims = shortfall_victims(adm, [r for r in self._evictable() if r.name != key])
-        return p, adm, [r.name for r in victims or []]
+        return p, adm, evicts + [r.name for r in victims or [] if r.name not in evicts]
 
     def _check_files(self, d: Discovered, adapter_d: Discovered | None) -> None:
         check_files(d, adapter_d, self.roots(), self.meta)
 
     def _make_room(self, key: str, need_gb: float) -> list[str]:
-        budget = self.settings.infer_memory_budget_gb
-        if budget is not None and need_gb > budget:
-            raise CapacityError(
-                f"the model needs ~{need_gb:.1f} GB, above the {budget} GB budget (infer_memory_budget_gb)"
-            )
-        victims: list[Resident] = []
         with self._lock:
-            others = {k: gb for k, gb in self._loading.items() if k != key}
-
-            def over() -> bool:
-                used = sum(r.plan.estimated_memory_gb for r in self.resident.values()) + sum(others.values())
-                count = len(self.resident) + len(others)
-                return count >= self.settings.infer_max_resident or (budget is not None and used + need_gb > budget)
-
-            while over():
-                idle = self._evictable()
-                if not idle:
-                    raise CapacityError(
-                        "every resident model is pinned, generating or loading; retry when one finishes, or "
-                        "infer_unload a pinned one"
-                    )
-                victims.append(self._detach(self.resident.pop(idle[0].name)))
+            victims = self._limit_victims(key, need_gb)
+            for r in victims:
+                self._detach(self.resident.pop(r.name))
             self._loading[key] = need_gb
         for r in victims:  # popped while idle, so no request can reach them: close outside the lock
             self._close(r)
@@ -273,7 +262,12 @@ class ModelManager:
 
     def _evictable(self) -> list[Resident]:
         """Idle, unpinned residents, least recently used first (caller holds the lock)."""
-        return sorted((r for r in self.resident.values() if r.busy == 0 and not r.pinned), key=lambda r: r.last_used)
+        return idle_first(self.resident.values())
+
+    def _limit_victims(self, key: str, need_gb: float) -> list[Resident]:
+        """What infer_max_resident and infer_memory_budget_gb make a load of `key` evict (caller holds the lock)."""
+        limit, budget = self.settings.infer_max_resident, self.settings.infer_memory_budget_gb
+        return room.limit_victims(list(self.resident.values()), self._loading, key, need_gb, limit, budget)
 
     def _reserve(self, key: str, p: LoadPlan, pin: bool) -> list[str]:
         """Reserve the plan's memory in the box ledger, evicting idle unpinned models only when that frees

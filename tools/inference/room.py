@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
+from gpubox.errors import CapacityError
 from gpubox.tools.box.schemas import Admission, Holding
 from gpubox.tools.inference.schemas import LoadPlan
 
@@ -17,7 +18,16 @@ class Evictable(Protocol):
     plan: LoadPlan
 
 
+class Held(Evictable, Protocol):
+    """A resident model as the limits see it: evictable only when idle and unpinned."""
+
+    busy: int
+    pinned: bool
+    last_used: float
+
+
 E = TypeVar("E", bound=Evictable)
+H = TypeVar("H", bound=Held)
 
 
 def owner_of(key: str) -> str:
@@ -59,3 +69,46 @@ def shortfall_victims(admission: Admission, idle: Sequence[E]) -> list[E] | None
         for d in short:
             short[d] -= frees.get(d, 0.0)
     return victims if all(gb <= 1e-9 for gb in short.values()) else None
+
+
+def idle_first(resident: Iterable[H]) -> list[H]:
+    """Idle, unpinned residents, least recently used first: the only ones a load may evict."""
+    return sorted((r for r in resident if r.busy == 0 and not r.pinned), key=lambda r: r.last_used)
+
+
+def limit_victims(
+    resident: Sequence[H],
+    loading: Mapping[str, float],
+    key: str,
+    need_gb: float,
+    max_resident: int,
+    budget: float | None,
+) -> list[H]:
+    """The idle models a load of `key` must evict to stay within infer_max_resident and infer_memory_budget_gb
+    (`key`'s own loaded copy is not counted: a reload frees it first); CapacityError, naming what holds the
+    room, when evicting every idle one would not do. infer_load and box_plan both ask this, so box_plan never
+    says "fits" where the load refuses."""
+    if budget is not None and need_gb > budget:
+        raise CapacityError(f"the model needs ~{need_gb:.1f} GB, above the {budget} GB budget (infer_memory_budget_gb)")
+    live = [r for r in resident if r.name != key]
+    count = len(live) + sum(1 for k in loading if k != key)
+    used = sum(r.plan.estimated_memory_gb for r in live) + sum(gb for k, gb in loading.items() if k != key)
+    victims: list[H] = []
+    idle = idle_first(live)
+    while count >= max_resident or (budget is not None and used + need_gb > budget):
+        if not idle:
+            raise CapacityError(_refusal(live, key, max_resident, budget))
+        r = idle.pop(0)
+        victims.append(r)
+        count, used = count - 1, used - r.plan.estimated_memory_gb
+    return victims
+
+
+def _refusal(live: Sequence[Held], key: str, max_resident: int, budget: float | None) -> str:
+    """Why no eviction makes room, naming what holds it (a pin is the caller's to lift)."""
+    held = [f"{r.name} ({'pinned' if r.pinned else 'generating'})" for r in live if r.pinned or r.busy]
+    limits = f"infer_max_resident={max_resident}" + (f", infer_memory_budget_gb={budget}" if budget is not None else "")
+    return (
+        f"no room for {key} within {limits}: held by {', '.join(held) or 'models still loading'}; retry when a "
+        "generation or load finishes, infer_unload a pinned model, or raise the limit"
+    )
