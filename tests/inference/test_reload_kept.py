@@ -82,3 +82,28 @@ async def test_a_request_that_waited_out_a_refused_reload_finds_the_model_as_it_
             assert await loaded(c) == {MODEL: (1024, True)}
     finally:
         state_of(server).close()
+
+
+def test_a_load_answers_with_its_own_copy_when_another_replaced_it_at_once(tmp_path: Path) -> None:
+    """Two loads of one model with different contexts run one after the other (last one wins); the first one's
+    answer was read back from the registry after its load ended, so it described the second load's copy."""
+    settings = Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path])
+    server = build_server(settings)
+    mgr = services.models(state_of(server))
+    entry, second = mgr.entry, {}
+
+    def replaced_first(d: Any, *args: Any) -> Any:  # the other client's load lands in between
+        if not second:
+            second["started"] = True
+            second["result"] = mgr.load(MODEL, context_length=512)
+        return entry(d, *args)
+
+    mgr.entry = replaced_first  # type: ignore[method-assign]
+    try:
+        first = mgr.load(MODEL, context_length=1024)
+        assert first.plan.context_length == 1024
+        assert first.model.loaded is not None and first.model.loaded.context_length == 1024
+        if second:  # the fixed load reads no registry entry, so the other load does not run here
+            assert second["result"].model.loaded.context_length == 512
+    finally:
+        state_of(server).close()

@@ -184,7 +184,8 @@ class ModelManager:
                 self._changed.notify_all()
             if failed and before is not None:
                 self._restore(before.spec)
-        entry = self.entry(adapter_d or d)
+        # from this load's own copy: another load of the key may already have replaced it (last one wins)
+        entry = describe(self.meta, adapter_d or d, r.info())
         return LoadResult(model=entry, plan=p, evicted=evicted, load_seconds=round(time.perf_counter() - t0, 3))
 
     def _restore(self, spec: dict[str, Any]) -> None:
