@@ -24,7 +24,7 @@ from gpubox.tools.inference import load_probe
 from gpubox.tools.inference.context import context_error, room_for, trained_context
 from gpubox.tools.inference.grammar import schema_to_gbnf
 from gpubox.tools.inference.grammar_probe import check_in_child
-from gpubox.tools.inference.hf_stream import STREAM_POLL_S, cut_at_stop, generate_into, read_stream
+from gpubox.tools.inference.hf_stream import cut_at_stop, generate_into, read_stream, timed_streamer
 from gpubox.tools.inference.llama_import import llama_cpp
 from gpubox.tools.inference.llama_stream import read_chunks
 
@@ -305,7 +305,6 @@ class TransformersBackend:
         cancel: threading.Event,
     ) -> GenOutput:
         import torch
-        from transformers import TextIteratorStreamer
 
         if p.json_schema is not None:
             raise InvalidInputError("json_schema output needs the llama.cpp backend (load a GGUF model)")
@@ -314,10 +313,7 @@ class TransformersBackend:
         p = dataclasses.replace(p, max_tokens=room_for(n_prompt, p.max_tokens, p.fit, self.n_ctx, self.n_ctx_train))
         if p.seed is not None:
             torch.manual_seed(p.seed)
-        # the timeout lets the reader notice a generate thread that died without ending the stream (hf_stream)
-        streamer = TextIteratorStreamer(
-            self.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=STREAM_POLL_S
-        )
+        streamer = timed_streamer(self.tokenizer)
         gen_kwargs = {**inputs, **self._generate_kwargs(p, streamer, cancel)}
         out: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -325,8 +321,9 @@ class TransformersBackend:
             target=generate_into, args=(self.model, gen_kwargs, streamer, out), name="gpubox-hf-generate", daemon=True
         )
         worker.start()
-        parts, first = read_stream(streamer, worker, cancel, on_text)
+        parts, first_text = read_stream(streamer, worker, cancel, on_text)
         worker.join()
+        first = streamer.first_token or first_text
         if "err" in out:
             raise _generate_error(out["err"])
         total = time.perf_counter() - t0

@@ -16,6 +16,24 @@ STREAM_POLL_S = 1.0  # how often the transformers reader wakes to see whether th
 STALL_S = 600.0  # no token for this long: the generate thread is stuck; give the caller an error
 
 
+def timed_streamer(tokenizer: Any) -> Any:
+    """A TextIteratorStreamer that notes when generate hands it the first new token (`first_token`). Its text
+    lags the tokens (it holds a word back until the word ends), so a short answer's first text came when the
+    generation had ended: TTFT was the whole call and decode tok/s tokens over a few milliseconds."""
+    from transformers import TextIteratorStreamer
+
+    class Timed(TextIteratorStreamer):
+        first_token: float | None = None
+
+        def put(self, value: Any) -> None:
+            if self.first_token is None and not self.next_tokens_are_prompt:
+                self.first_token = time.perf_counter()
+            super().put(value)
+
+    # the timeout lets the reader notice a generate thread that died without ending the stream (read_stream)
+    return Timed(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=STREAM_POLL_S)
+
+
 def generate_into(model: Any, gen_kwargs: dict[str, Any], streamer: Any, out: dict[str, Any]) -> None:
     """The generate thread: the output ids, or the exception, land in `out`."""
     import torch
