@@ -4,6 +4,7 @@ it unloaded the working copy first, so the next request brought it back with def
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from mcp import Client
 
 from gpubox import services
 from gpubox.app import build_server, state_of
+from gpubox.errors import CapacityError
 from gpubox.settings import Settings
 from tests.conftest import call_err, call_ok, wait_until
 
@@ -107,3 +109,53 @@ def test_a_load_answers_with_its_own_copy_when_another_replaced_it_at_once(tmp_p
             assert second["result"].model.loaded.context_length == 512
     finally:
         state_of(server).close()
+
+
+@pytest.mark.parametrize("reload_fails", [False, True], ids=["load-succeeds", "pinned-reload-fails"])
+async def test_an_unload_during_a_load_of_the_model_waits_for_it_and_unloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reload_fails: bool
+) -> None:
+    """infer_unload answered `unloaded: false` at once while the model was loading, and the load then left it
+    loaded (a failed reload of a pinned model even restored the pinned copy): memory the user freed stayed held."""
+    from gpubox.tools.inference import manager as manager_mod
+
+    server = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
+    mgr = services.models(state_of(server))
+    real_open, opening, release = manager_mod.open_backend, threading.Event(), threading.Event()
+
+    def held_open(*args: Any, **kwargs: Any) -> Any:
+        if opening.is_set():  # a restore of the earlier copy (the bug) loads for real
+            return real_open(*args, **kwargs)
+        opening.set()
+        release.wait(60)
+        if reload_fails:
+            raise CapacityError("out of memory (the test's)")
+        return real_open(*args, **kwargs)
+
+    try:
+        async with Client(server) as c:  # type: ignore[arg-type]
+            if reload_fails:
+                await call_ok(c, "infer_load", name=MODEL, context_length=512, pin=True)
+            monkeypatch.setattr(manager_mod, "open_backend", held_open)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(call_tool_quiet, c, "infer_load", name=MODEL, context_length=1024))
+                await anyio.to_thread.run_sync(opening.wait, 60)
+                unloaded = anyio.Event()
+
+                async def unload() -> None:
+                    await call_tool_quiet(c, "infer_unload", name=MODEL)
+                    unloaded.set()
+
+                tg.start_soon(unload)  # it waits for the load (before the fix it answered at once)
+                await wait_until(lambda: MODEL in getattr(mgr, "_unload_asked", ()) or unloaded.is_set(), 30)
+                release.set()
+            monkeypatch.setattr(manager_mod, "open_backend", real_open)
+            assert await loaded(c) == {}
+            assert (await call_ok(c, "box_plan"))["box"]["holdings"] == []
+    finally:
+        release.set()
+        state_of(server).close()
+
+
+async def call_tool_quiet(c: Client, tool: str, **args: Any) -> None:
+    await c.call_tool(tool, args)  # the load's refusal is the test's own doing: only the end state matters

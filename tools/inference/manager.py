@@ -56,6 +56,7 @@ class ModelManager:
         self._changed = threading.Condition(self._lock)  # a request finished or a load ended
         self._loading: dict[str, float] = {}  # key -> GB reserved while its backend is being built
         self._loads_started = 0  # a load is measured only if no other started while it ran (see measure.py)
+        self._unload_asked: set[str] = set()  # keys an infer_unload waits on while they load
         self._respawn: dict[str, dict[str, Any]] = {}  # key -> load arguments of a model whose process ended
         self.measured = LoadMeasurements(settings.state_dir)
         self._stop = threading.Event()
@@ -178,6 +179,7 @@ class ModelManager:
             failed = False
         finally:
             with self._changed:
+                before = None if key in self._unload_asked else before  # infer_unload came meanwhile: no restore
                 if failed and before is not None:  # a request let in below reloads it as it was, not with defaults
                     self._respawn[key] = before.spec
                 self._loading.pop(key, None)
@@ -296,7 +298,11 @@ class ModelManager:
         (a reload, which unloads first, keeps the arguments until it has succeeded)."""
         key = name.lower()
         with self._changed:
+            while forget and key in self._loading:  # unload what that load leaves, and stop a failed one's restore
+                self._unload_asked.add(key)
+                self._changed.wait()
             if forget:
+                self._unload_asked.discard(key)
                 self._respawn.pop(key, None)
             r = self.resident.pop(key, None)
             if r is not None:
@@ -371,11 +377,7 @@ class ModelManager:
     def reap(self, now: float | None = None) -> list[str]:
         now = now or time.time()
         with self._lock:  # choose and remove in one step, so an acquire cannot slip in between
-            idle = [
-                r
-                for r in self.resident.values()
-                if r.busy == 0 and (r.dead or (r.keep_alive > 0 and not r.pinned and now - r.last_used >= r.keep_alive))
-            ]
+            idle = [r for r in self.resident.values() if r.reapable(now)]
             for r in idle:
                 if r.dead:  # its process ended while idle: free its memory now; the next request reloads it as it was
                     self._respawn[r.name] = r.spec

@@ -45,6 +45,11 @@ class Resident:
         """Its own process (llama_process) ended; in-process backends never are."""
         return not getattr(self.backend, "alive", True)
 
+    def reapable(self, now: float) -> bool:
+        """Idle and either its process ended or its keep-alive ran out (a pinned model stays)."""
+        expired = self.keep_alive > 0 and not self.pinned and now - self.last_used >= self.keep_alive
+        return self.busy == 0 and (self.dead or expired)
+
     def info(self) -> LoadedInfo:
         return LoadedInfo(
             backend=self.backend.name,
