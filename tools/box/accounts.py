@@ -58,8 +58,9 @@ def accounts(
 
 
 def measured(h: Holding, readings: dict[str, Reading]) -> Holding:
-    """A worker's own memory per device (its process tree); in-process holdings share the server's."""
-    if h.pid is None or h.pid == os.getpid():
+    """A worker's own memory per device (its process tree). Work inside a server's process (this server's or
+    another's: pid == server_pid) shares that process's memory, so it keeps its stored figure."""
+    if h.pid is None or h.pid == os.getpid() or h.pid == h.server_pid:
         return h
     tree = process_tree([h.pid])
     per_device = {d: r3(sum(gb for pid, gb in r.by_pid_gb.items() if pid in tree)) for d, r in readings.items()}
