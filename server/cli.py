@@ -87,9 +87,10 @@ def _serve(ns: argparse.Namespace) -> int:
     from gpubox.app import build_server, state_of
 
     if ns.transport == "http":
-        from gpubox.http import check_bind
+        from gpubox.http import check_bind, check_port
 
         check_bind(settings)  # before anything else starts
+        check_port(settings)
     mcp = build_server(settings)
     try:
         if ns.transport == "stdio":

@@ -64,20 +64,27 @@ def split_names(value: Any, what: str) -> Any:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
-def check_hosts(hosts: Any, what: str) -> Any:
-    """Each entry a host, optionally ':port' or ':*'. Older configs separated hosts with ':' ('gpu-box:gpu-box.lan'),
-    which now reads as one host whose "port" is a name: refused with the fix rather than kept as an entry that
-    matches no request."""
+def check_hosts(hosts: Any, what: str, *, origin: bool = False) -> Any:
+    """Each entry a host, optionally ':port' or ':*' (an origin: scheme://host[:port|:*], no path). Older configs
+    separated hosts with ':' ('gpu-box:gpu-box.lan'), which now reads as one host whose "port" is a name: refused
+    with the fix. Any other entry the HTTP guard cannot read ('*', a trailing '/', a space) is refused too: kept,
+    it matched no request, and every client got 421/403 with nothing said at start."""
     if not isinstance(hosts, list):
         return hosts
+    from gpubox.httpguard import MalformedHeader, parse_strict
+
+    example = '"https://gpu-box.example", "http://gpu-box.lan:*"' if origin else '"gpu-box", "gpu-box.lan:*"'
     for host in hosts:
         text = str(host)
-        if text.startswith("[") and text.endswith("]"):  # a bare IPv6 literal
-            continue
         _, sep, port = text.rpartition(":")
-        if sep and not text.endswith("]") and port != "*" and not port.isdigit():
+        bare_v6 = text.startswith("[") and text.endswith("]")
+        if not origin and not bare_v6 and sep and not text.endswith("]") and port != "*" and not port.isdigit():
             raise ValueError(
                 f"{what} entry '{text}' is not a host, host:port or host:*; separate hosts with ',' or give a JSON "
-                'list (e.g. ["gpu-box", "gpu-box.lan:*"]), not \':\''
+                f"list (e.g. [{example}]), not ':'"
             )
+        try:
+            parse_strict(text, origin=origin, pattern=True)
+        except MalformedHeader as exc:
+            raise ValueError(f"{what} entry '{text}' matches no request: {exc} (e.g. [{example}])") from None
     return hosts

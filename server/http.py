@@ -30,6 +30,7 @@ LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"
 WILDCARD_BINDS = {"0.0.0.0", "::", ""}
 # A network-facing bearer token must resist guessing; 16 characters of base64 is ~96 bits.
 MIN_TOKEN_CHARS = 16
+SHUTDOWN_GRACE_S = 5  # what running calls get to finish after SIGTERM before they are cancelled
 
 
 def check_bind(settings: Settings) -> None:
@@ -66,13 +67,15 @@ def _bracket(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
 
-def _local_names() -> list[str]:
-    """Names and addresses a remote client may legitimately use as Host when we bind a wildcard."""
+def _local_names(*, ipv6_only: bool = False) -> list[str]:
+    """Names and addresses a remote client may legitimately use as Host when we bind a wildcard. asyncio binds
+    '::' IPv6-only (IPV6_V6ONLY), so no IPv4 address reaches it then."""
     names = {socket.gethostname(), socket.getfqdn()}
+    families = (socket.AF_INET6,) if ipv6_only else (socket.AF_INET, socket.AF_INET6)
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
-            if a.family in (socket.AF_INET, socket.AF_INET6):
-                names.add(_bracket(a.address.split("%", 1)[0]))
+            if a.family in families:
+                names.add(a.address.split("%", 1)[0])
     return sorted(n for n in names if n)
 
 
@@ -80,9 +83,12 @@ def security_settings(settings: Settings) -> TransportSecuritySettings:
     hosts = list(LOOPBACK_HOSTS)
     origins = list(LOOPBACK_ORIGINS)
     if not is_loopback(settings.host):
-        extra = _local_names() if settings.host in WILDCARD_BINDS else [_bracket(settings.host)]
+        extra = _local_names(ipv6_only=settings.host == "::") if settings.host in WILDCARD_BINDS else [settings.host]
+        extra = [_bracket(n) for n in extra]
         hosts += [f"{n}:*" for n in extra]
         origins += [f"http://{n}:*" for n in extra] + [f"https://{n}:*" for n in extra]
+    if settings.port in (80, 443):  # clients leave a scheme's default port out of Host (curl drops ':80' too)
+        hosts, origins = with_default_port(hosts), with_default_port(origins)
     hosts += with_default_port(settings.allowed_hosts)
     origins += with_default_port(settings.allowed_origins)
     # in lower case: the guard hands the SDK's case-sensitive check lower-case headers, so a configured
@@ -95,9 +101,10 @@ def security_settings(settings: Settings) -> TransportSecuritySettings:
 
 
 def with_default_port(patterns: list[str]) -> list[str]:
-    """Each configured `name:*` (any port) followed by `name` alone: a client sends no port when it uses the
-    scheme's default one (RFC 9110 7.2), as browsers and TLS proxies on 443 do, and the SDK's `:*` and our guard
-    want an explicit port. Only the user's own entries: the loopback defaults name the port gpubox listens on."""
+    """Each `name:*` (any port) followed by `name` alone: a client sends no port when it uses the scheme's default
+    one (RFC 9110 7.2), as browsers and TLS proxies on 443 do, and the SDK's `:*` and our guard want an explicit
+    port. For the user's own entries always (a proxy in front may listen on 443); for the loopback and local
+    names only when gpubox itself listens on 80 or 443."""
     out: list[str] = []
     for p in patterns:
         out.append(p)
@@ -131,7 +138,7 @@ def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:
 
 
 def connect_hint(settings: Settings) -> str:
-    shown = "127.0.0.1" if settings.host in WILDCARD_BINDS else settings.host
+    shown = {"::": "::1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1"}.get(settings.host, settings.host)
     base = f"http://{_bracket(shown)}:{settings.port}"
     auth = ' with header "Authorization: Bearer <token>"' if settings.resolved_token() else ""
     return (
@@ -140,10 +147,40 @@ def connect_hint(settings: Settings) -> str:
     )
 
 
-def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
+def check_port(settings: Settings) -> None:
+    """Refuse a port another process listens on in one line, before anything starts (uvicorn found it only after
+    the server was built and the 'listening' line logged, and then exited with its own traceback-less error)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            s.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {_bracket(settings.host)}:{settings.port}: {exc.strerror or exc}; another "
+                "process (another gpubox?) may hold the port: pass --port or GPUBOX_PORT"
+            ) from None
+
+
+def _server(config: Any, hint: str) -> Any:
+    """uvicorn's Server, saying where to connect once it listens (not before a bind that may fail)."""
     import uvicorn
 
-    check_bind(settings)
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                log.info(hint)
+
+    return Server(config)
+
+
+def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM. On a signal, calls still running get SHUTDOWN_GRACE_S, then are cancelled (a
+    generation stops at its next token): uvicorn waited for them without limit, so a 3,000-token generation
+    kept a server that had closed its socket alive for minutes, past a service manager's stop timeout."""
+    import uvicorn
+
     app = build_http_app(mcp, settings)
     config = uvicorn.Config(
         app,
@@ -157,7 +194,6 @@ def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
         # with a reason). h11's bound at twice the guard's: a head between the two always gets the guard's 431,
         # while memory per connection stays bounded.
         h11_max_incomplete_event_size=2 * MAX_HEADER_BYTES,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
-    server = uvicorn.Server(config)
-    log.info(connect_hint(settings))
-    server.run()
+    _server(config, connect_hint(settings)).run()

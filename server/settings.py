@@ -321,7 +321,7 @@ class Settings(BaseSettings):
     @classmethod
     def _name_lists(cls, value: Any, info: ValidationInfo) -> Any:
         names = split_names(value, str(info.field_name))
-        return check_hosts(names, "allowed_hosts") if info.field_name == "allowed_hosts" else names
+        return check_hosts(names, str(info.field_name), origin=info.field_name == "allowed_origins")
 
     @field_validator("tools", mode="before")
     @classmethod
