@@ -122,6 +122,19 @@ async def test_json_schema_output_parses_and_follows_the_schema(env: Any) -> Non
     assert "not valid JSON" in cut and "a stop sequence (',')" in cut and "raise max_tokens" not in cut, cut
 
 
+async def test_a_json_schema_whose_root_is_a_ref_is_followed(env: Any) -> None:
+    """pydantic writes any recursive model's schema as a root $ref into $defs; the converter left the refs
+    inside $defs unresolved and the call failed with a bare KeyError text ('#/$defs/Node')."""
+    node = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+            "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 0}},
+            "required": ["name", "children"]}  # fmt: skip
+    schema = {"$defs": {"Node": node}, "$ref": "#/$defs/Node"}
+    ask = {"messages": [SYSTEM, {"role": "user", "content": "A tree node named root. Reply as JSON."}]}
+    async with Client(env[0]) as client:
+        out = await call_ok(client, "infer_chat", **ask, json_schema=schema, max_tokens=64, temperature=0)
+    assert isinstance(out["parsed_json"]["name"], str) and out["parsed_json"]["children"] == [], out
+
+
 async def test_cancelling_a_request_stops_generation_promptly(env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     outs: list[Any] = []
     streaming = anyio.Event()

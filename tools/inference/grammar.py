@@ -328,6 +328,13 @@ def _converter_class() -> type:
     from llama_cpp.llama_grammar import SchemaConverter
 
     class Converter(SchemaConverter):
+        def resolve_refs(self, schema: dict[str, Any], url: str) -> Any:
+            # upstream does not descend into a node that has a $ref: for a root $ref (pydantic's schema of any
+            # recursive model) the refs inside $defs stayed unresolved and the conversion failed with a KeyError
+            if isinstance(schema, dict) and "$ref" in schema:
+                super().resolve_refs({k: v for k, v in schema.items() if k != "$ref"}, url)
+            return super().resolve_refs(schema, url)
+
         def _format_literal(self, literal: str) -> str:
             return format_literal(literal)
 
