@@ -31,10 +31,13 @@ def parse_arguments(pairs: list[str], input_schema: dict[str, Any], tool: str = 
     args: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call estimate_gpus top=5")
+            example = f"{next(iter(props))}=<value>" if props else "(this tool takes no arguments)"
+            raise InvalidInputError(f"argument '{pair}' is not key=value; e.g. gpubox call {tool} {example}")
         key, raw = pair.split("=", 1)
         if key not in props:
             raise unknown_argument(tool, key, props.keys())
+        if key in args:  # the last one silently won
+            raise InvalidInputError(f"argument '{key}' is given twice; give it once")
         args[key] = _coerce(raw, props[key])
     return args
 

@@ -119,3 +119,14 @@ async def test_a_result_that_fails_its_own_schema_stays_a_masked_crash_not_the_c
     result = await client.call_tool("gpu_status", {})
     text = " ".join(getattr(c, "text", "") for c in result.content)
     assert result.is_error and "invalid arguments" not in text, text
+
+
+def test_gpubox_call_refuses_a_repeated_key_and_its_hint_runs() -> None:
+    from gpubox.calling import parse_arguments
+
+    schema = {"properties": {"name_contains": {"type": "string"}, "detail": {"type": "boolean"}}}
+    with pytest.raises(InvalidInputError, match="'name_contains' is given twice"):  # the last one won
+        parse_arguments(["name_contains=H100", "name_contains=zzz"], schema, "estimate_gpus")
+    with pytest.raises(InvalidInputError, match=r"e\.g\. gpubox call estimate_gpus name_contains=<value>") as bad:
+        parse_arguments(["H100"], schema, "estimate_gpus")
+    assert "top=5" not in str(bad.value)  # the old hint named an argument no tool has
