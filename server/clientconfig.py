@@ -64,10 +64,9 @@ def snippet(target: Target, settings: Settings, name: str = "gpubox") -> tuple[d
     if target == "vscode":
         note = "Save as .vscode/mcp.json in your workspace (VS Code agent mode)."
         return {"servers": {name: {"type": "stdio", "command": command, "args": args, "env": env}}}, note
-    from gpubox.http import WILDCARD_BINDS, _bracket  # as connect_hint: a wildcard bind is reached on loopback
+    from gpubox.http import _bracket, reach_host  # as connect_hint: a wildcard bind is reached on loopback
 
-    host = "127.0.0.1" if settings.host in WILDCARD_BINDS else settings.host
-    url = f"http://{_bracket(host)}:{settings.port}/mcp"
+    url = f"http://{_bracket(reach_host(settings.host))}:{settings.port}/mcp"
     headers = {"Authorization": "Bearer <your-token>"} if settings.resolved_token() else {}
     note = (
         "On the GPU box: `gpubox serve --transport http` (loopback). From your machine, tunnel it with "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import stat
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -30,6 +31,7 @@ LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"
 WILDCARD_BINDS = {"0.0.0.0", "::", ""}
 # A network-facing bearer token must resist guessing; 16 characters of base64 is ~96 bits.
 MIN_TOKEN_CHARS = 16
+_WARNED: set[Path] = set()  # token files already said to be readable by others (check_bind runs twice)
 SHUTDOWN_GRACE_S = 5  # what running calls get to finish after SIGTERM before they are cancelled
 
 
@@ -39,7 +41,8 @@ def check_bind(settings: Settings) -> None:
     token = settings.resolved_token()  # raises ConfigError for a blank, unreadable or non-UTF-8 token
     if token is not None and settings.token is None and settings.token_file is not None:
         mode = settings.token_file.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if mode & (stat.S_IRWXG | stat.S_IRWXO) and settings.token_file not in _WARNED:
+            _WARNED.add(settings.token_file)
             log.warning(
                 "token file %s is readable by group/others (mode %o); restrict it with `chmod 600 %s`",
                 settings.token_file,
@@ -137,9 +140,13 @@ def build_http_app(mcp: MCPServer[Any], settings: Settings) -> Starlette:
     return app
 
 
+def reach_host(host: str) -> str:
+    """Where a client on this box reaches a bind address: a wildcard on loopback ('::' binds IPv6 only)."""
+    return {"::": "::1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1"}.get(host, host)
+
+
 def connect_hint(settings: Settings) -> str:
-    shown = {"::": "::1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1"}.get(settings.host, settings.host)
-    base = f"http://{_bracket(shown)}:{settings.port}"
+    base = f"http://{_bracket(reach_host(settings.host))}:{settings.port}"
     auth = ' with header "Authorization: Bearer <token>"' if settings.resolved_token() else ""
     return (
         f"gpubox listening: streamable HTTP {base}/mcp, SSE {base}/sse, health {base}/health{auth}. "
@@ -149,17 +156,29 @@ def connect_hint(settings: Settings) -> str:
 
 def check_port(settings: Settings) -> None:
     """Refuse a port another process listens on in one line, before anything starts (uvicorn found it only after
-    the server was built and the 'listening' line logged, and then exited with its own traceback-less error)."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
-        try:
-            s.bind((settings.host, settings.port))
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {_bracket(settings.host)}:{settings.port}: {exc.strerror or exc}; another "
-                "process (another gpubox?) may hold the port: pass --port or GPUBOX_PORT"
-            ) from None
+    the server was built, and exited with its own line). Binds each address as asyncio will: IPv6 ones
+    IPv6-only, with SO_REUSEADDR (a port in TIME_WAIT is free)."""
+    where = f"{_bracket(settings.host)}:{settings.port}"
+    try:
+        infos = socket.getaddrinfo(
+            settings.host or None, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"cannot listen on {where}: the host does not resolve ({exc.strerror}); check --host"
+        ) from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot listen on {where}: {exc.strerror or exc}; another process (another gpubox?) may hold "
+                    "the port: pass --port or GPUBOX_PORT"
+                ) from None
 
 
 def _server(config: Any, hint: str) -> Any:
@@ -181,6 +200,7 @@ def serve_http(mcp: MCPServer[Any], settings: Settings) -> None:
     kept a server that had closed its socket alive for minutes, past a service manager's stop timeout."""
     import uvicorn
 
+    check_bind(settings)  # the CLI checked already; kept for any other caller (its warning is said once)
     app = build_http_app(mcp, settings)
     config = uvicorn.Config(
         app,

@@ -260,3 +260,25 @@ async def test_box_plan_checks_the_resident_limit_and_names_the_pin(box: Setting
             assert (await call_ok(c, "infer_load", name="b", context_length=CTX))["evicted"] == ["a"]
     finally:
         state_of(mcp).close()
+
+
+@requires_llama
+@requires_models
+async def test_a_load_that_cannot_fit_evicts_nothing_for_the_resident_limit(box: Settings) -> None:
+    """The resident limit's eviction was counted as room: with the only slot held by an idle model and the
+    rest of the memory held by other work, box_plan said "fits after evicting a" and infer_load evicted a, then
+    refused."""
+    mcp = build_server(box.model_copy(update={"infer_max_resident": 1}))
+    try:
+        async with Client(mcp) as c:
+            a = await call_ok(c, "infer_load", name="a", context_length=CTX)
+            budget = (await call_ok(c, "box_plan"))["box"]["devices"][0]["budget_gb"]
+            other = budget - a["plan"]["estimated_memory_gb"] - 0.01  # nearly all the rest, held by a fine-tune
+            services.ledger(state_of(mcp)).reserve("fine-tune job x", "finetune", {"host": other}, "finetune_cancel")
+            big = 8 * CTX  # b with a larger context: more than a's copy frees
+            plan = await call_ok(c, "box_plan", load="b", context_length=big)
+            assert plan["admission"]["fits"] is False, plan["admission"]
+            assert "fine-tune job x" in await call_err(c, "infer_load", name="b", context_length=big)
+            assert owners(await call_ok(c, "box_plan")) == ["model a", "fine-tune job x"]  # a was not evicted
+    finally:
+        state_of(mcp).close()

@@ -159,3 +159,19 @@ async def test_an_unload_during_a_load_of_the_model_waits_for_it_and_unloads(
 
 async def call_tool_quiet(c: Client, tool: str, **args: Any) -> None:
     await c.call_tool(tool, args)  # the load's refusal is the test's own doing: only the end state matters
+
+
+def test_a_restore_that_an_unload_overtook_loads_nothing(tmp_path: Path) -> None:
+    """A failed reload restores the earlier copy from its saved arguments; an infer_unload that lands between
+    the failure and the restore drops those arguments, and the restore must then load nothing (it loaded the
+    model again, pinned, after the user unloaded it)."""
+    server = build_server(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
+    mgr = services.models(state_of(server))
+    try:
+        spec = {"name": MODEL, "context_length": 512, "pin": True}
+        mgr._respawn[MODEL] = spec
+        mgr.unload(MODEL, missing_ok=True)  # the user's unload: forgets the saved arguments
+        mgr._restore(spec)
+        assert mgr.loaded() == {}
+    finally:
+        state_of(server).close()

@@ -39,7 +39,7 @@ def test_cuda_visible_devices_is_passed_only_when_the_installer_has_it(
     [
         ("::1", "http://[::1]:18803/mcp"),
         ("", "http://127.0.0.1:18803/mcp"),
-        ("::", "http://127.0.0.1:18803/mcp"),
+        ("::", "http://[::1]:18803/mcp"),  # asyncio binds "::" IPv6-only: 127.0.0.1 was refused
         ("gpu-box.internal", "http://gpu-box.internal:18803/mcp"),
     ],
 )

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 from gpubox.errors import CapacityError, InvalidInputError, UnknownNameError
@@ -24,19 +23,10 @@ from gpubox.settings import Settings
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.box.schemas import Admission
 from gpubox.tools.inference import room
+from gpubox.tools.inference.catalog import ModelCatalog
 from gpubox.tools.inference.measure import LoadMeasurements, config_key, with_last_load
-from gpubox.tools.inference.planning import choose_backend, open_backend, plan
-from gpubox.tools.inference.registry import (
-    DEFAULT_MODEL,
-    Discovered,
-    MetaCache,
-    base_of,
-    check_files,
-    describe,
-    discover,
-    registry_dirs,
-    registry_roots,
-)
+from gpubox.tools.inference.planning import open_backend, plan
+from gpubox.tools.inference.registry import DEFAULT_MODEL, Discovered, check_files, describe
 from gpubox.tools.inference.resident import Resident
 from gpubox.tools.inference.room import idle_first, ledger_needs, owner_of, reload_needs, shortfall_victims
 from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, ModelEntry, ModelList, UnloadResult
@@ -44,13 +34,10 @@ from gpubox.tools.inference.schemas import LoadedInfo, LoadPlan, LoadResult, Mod
 log = logging.getLogger("gpubox.inference")
 
 
-class ModelManager:
+class ModelManager(ModelCatalog):
     def __init__(self, settings: Settings, ledger: Ledger | None = None) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.ledger = ledger if ledger is not None else Ledger(settings)
-        self.finetune = settings.state_dir / "finetune"
-        self.dirs = registry_dirs(settings)
-        self.meta = MetaCache()
         self.resident: dict[str, Resident] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a request finished or a load ended
@@ -63,14 +50,7 @@ class ModelManager:
         self._reaper = threading.Thread(target=self._reap_loop, name="gpubox-keepalive", daemon=True)
         self._reaper.start()
 
-    # --- registry -------------------------------------------------------------------------------
-    def roots(self) -> list[Path]:
-        """Where model files (and what a symlink in a model dir points to) may live."""
-        return registry_roots(self.settings)
-
-    def discovered(self) -> dict[str, Discovered]:
-        return discover(self.dirs, self.roots())
-
+    # --- registry (ModelCatalog: roots, discovered, find, base_of, _resolve) ---------------------
     def entry(self, d: Discovered) -> ModelEntry:
         r = self.resident.get(d.name)
         return describe(self.meta, d, r.info() if r else None)
@@ -81,20 +61,6 @@ class ModelManager:
             resident_limit=self.settings.infer_max_resident,
             memory_budget_gb=self.settings.infer_memory_budget_gb,
         )
-
-    def find(self, name: str) -> Discovered:
-        if "\x00" in name:
-            raise InvalidInputError("model name contains a NUL byte; pass a name from infer_models")
-        found = self.discovered()
-        if name.lower() in found:
-            return found[name.lower()]
-        raise UnknownNameError(
-            "model", name, found.keys(), hint="infer_models lists them; add folders with GPUBOX_MODEL_DIRS."
-        )
-
-    def base_of(self, adapter: Discovered) -> Discovered:
-        """The base model a LoRA adapter was trained on, among the models here."""
-        return base_of(adapter, self.discovered(), self.finetune / "base")
 
     # --- load / unload --------------------------------------------------------------------------
     def load(
@@ -129,6 +95,7 @@ class ModelManager:
         *,
         if_absent: bool = False,
         pin: bool = False,
+        restoring: dict[str, Any] | None = None,
     ) -> LoadResult | None:
         t0 = time.perf_counter()
         spec = {"name": name, "backend": backend, "context_length": context_length, "n_gpu_layers": n_gpu_layers,
@@ -141,8 +108,10 @@ class ModelManager:
         with self._changed:
             while key in self._loading:  # one load per key; other keys load in parallel
                 self._changed.wait()
-            if if_absent and key in self.resident:
-                return None
+            if (if_absent and key in self.resident) or (
+                restoring is not None and self._respawn.get(key) is not restoring
+            ):
+                return None  # loaded already, or an infer_unload came before this restore began
             self._loading[key] = 0.0
             self._loads_started += 1
             before = self.resident.get(key)
@@ -153,6 +122,9 @@ class ModelManager:
             estimate = plan(self.settings, self.meta, d, chosen, context_length, n_gpu_layers, kv_cache_type)
             mkey = config_key(d, estimate, adapter_d, quantization)
             p = with_last_load(estimate, self.measured.known(mkey))
+            adm, evicts = self._room_for(key, p, ledger_needs(p))
+            if not (adm.fits or evicts):  # refused before the limits evict a model for a load that cannot fit
+                raise CapacityError(adm.reason)
             evicted = self._make_room(key, p.estimated_memory_gb)
             evicted += self._reserve(key, p, pin)
             try:
@@ -193,7 +165,7 @@ class ModelManager:
     def _restore(self, spec: dict[str, Any]) -> None:
         """A refused reload unloaded the working copy: load it again as it was (pinned if it was)."""
         try:
-            self._load(**spec, if_absent=True)
+            self._load(**spec, if_absent=True, restoring=spec)
         except Exception:
             log.exception("loading %s again with its earlier settings", spec.get("name"))
 
@@ -213,20 +185,6 @@ class ModelManager:
 
         return alone
 
-    def _resolve(
-        self, name: str, backend: Literal["auto", "llama.cpp", "transformers"], adapter: str | None
-    ) -> tuple[Discovered, Discovered | None, Literal["llama.cpp", "transformers"]]:
-        """(base model, adapter or None, backend) for a load request."""
-        d = self.find(name)
-        adapter_d: Discovered | None = None
-        if d.format == "lora":
-            adapter_d, d = d, self.base_of(d)
-        elif adapter:
-            adapter_d = self.find(adapter)
-            if adapter_d.format != "lora":
-                raise InvalidInputError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json)")
-        return d, adapter_d, choose_backend(d, adapter_d, backend)
-
     def plan_load(self, name: str, context_length: int | None = None) -> tuple[LoadPlan, Admission, list[str]]:
         """What infer_load would do now, loading nothing: its plan, the ledger's answer and the idle models it
         would evict to make room (empty when it fits as is or cannot fit at all)."""
@@ -234,21 +192,26 @@ class ModelManager:
         p = plan(self.settings, self.meta, d, chosen, context_length, None, "f16")
         p = with_last_load(p, self.measured.known(config_key(d, p, adapter_d, None)))
         key = adapter_d.name if adapter_d else d.name
-        needs = reload_needs(ledger_needs(p), self.ledger.holding(owner_of(key)))
         try:
-            with self._lock:
-                limited = self._limit_victims(key, p.estimated_memory_gb)
-        except CapacityError as exc:
-            return p, Admission(fits=False, needs=needs, reason=str(exc)), []
-        evicts = [r.name for r in limited]
+            adm, evicts = self._room_for(key, p, reload_needs(ledger_needs(p), self.ledger.holding(owner_of(key))))
+        except CapacityError as exc:  # the resident-count or budget limit, which no eviction can meet
+            return p, Admission(fits=False, needs=ledger_needs(p), reason=str(exc)), []
+        return p, adm, evicts
+
+    def _room_for(self, key: str, p: LoadPlan, needs: dict[str, float]) -> tuple[Admission, list[str]]:
+        """The ledger's answer for a load of `key` and the idle models it would evict (for the limits, then for
+        the ledger's shortfall): an answer that does not fit with no evictions means no eviction makes room.
+        Raises CapacityError when the resident-count or budget limits cannot be met."""
+        with self._lock:
+            evicts = [r.name for r in self._limit_victims(key, p.estimated_memory_gb)]
         if not any(needs.values()):
-            return p, Admission(fits=True, needs={}, reason=f"{key} is loaded; its reservation covers it"), evicts
+            return Admission(fits=True, needs={}, reason=f"{key} is loaded; its reservation covers it"), evicts
         adm = self.ledger.check(needs)
         if adm.fits:
-            return p, adm, evicts
+            return adm, evicts
         with self._lock:
             victims = shortfall_victims(adm, [r for r in self._evictable() if r.name != key])
-        return p, adm, evicts + [r.name for r in victims or [] if r.name not in evicts]
+        return adm, ([] if victims is None else evicts + [r.name for r in victims if r.name not in evicts])
 
     def _check_files(self, d: Discovered, adapter_d: Discovered | None) -> None:
         check_files(d, adapter_d, self.roots(), self.meta)
