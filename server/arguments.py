@@ -118,3 +118,24 @@ def invalid_arguments(exc: ValidationError, shown: int = 5) -> str:
 def _short(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def numeric_parameters(schema: Mapping[str, Any]) -> set[str]:
+    """Parameters whose schema takes numbers and no booleans."""
+
+    def types(s: Mapping[str, Any]) -> set[str]:
+        t = s.get("type")
+        own = set(t) if isinstance(t, list) else {t} if isinstance(t, str) else set()
+        return own.union(*(types(x) for x in s.get("anyOf", []) if isinstance(x, Mapping)))
+
+    props: Mapping[str, Any] = schema.get("properties", {})
+    return {k for k, s in props.items() if (t := types(s)) & {"integer", "number"} and "boolean" not in t}
+
+
+def no_booleans(arguments: Mapping[str, Any], numeric: Iterable[str]) -> None:
+    """pydantic's lax mode reads true as 1 for a number (max_tokens: true generated one token): refused."""
+    bad = [k for k in numeric if isinstance(arguments.get(k), bool)]
+    if bad:
+        raise InvalidInputError(
+            "invalid arguments: " + "; ".join(f"{k}: a number is wanted, not {json.dumps(arguments[k])}" for k in bad)
+        )

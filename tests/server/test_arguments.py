@@ -130,3 +130,11 @@ def test_gpubox_call_refuses_a_repeated_key_and_its_hint_runs() -> None:
     with pytest.raises(InvalidInputError, match=r"e\.g\. gpubox call estimate_gpus name_contains=<value>") as bad:
         parse_arguments(["H100"], schema, "estimate_gpus")
     assert "top=5" not in str(bad.value)  # the old hint named an argument no tool has
+
+
+async def test_a_boolean_for_a_number_is_refused(client: Client) -> None:
+    """pydantic's lax mode read `true` as 1: max_tokens=true generated one token, nothing said."""
+    text = await call_err(client, "box_plan", load="x", context_length=True)
+    assert "context_length: a number is wanted, not true" in text, text
+    plan = await call_ok(client, "estimate_gpus", detail=False)  # a boolean parameter still takes one
+    assert plan
