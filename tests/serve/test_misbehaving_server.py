@@ -309,3 +309,27 @@ async def test_serve_list_lists_an_engine_whose_status_fails_with_why(
             listed = {e["id"]: e for e in (await call_ok(c, "serve_list"))["engines"]}
             assert listed[good_id]["healthy"]
             assert not listed[bad_id]["healthy"] and listed[bad_id]["error"] == "its record is locked"
+
+
+async def test_attaching_a_server_that_serves_a_local_models_name_says_where_requests_go(tmp_path: Path) -> None:
+    """Requests by that name go to the attached server from then on; nothing said so, and a pinned local copy
+    kept its memory while it could no longer be reached by name."""
+    with serving() as server:
+        mcp = build_server(Settings.load(state_dir=tmp_path / "state1"))
+        try:
+            async with Client(mcp) as c:  # 'fake' is no local model: nothing to say
+                assert "local model" not in (
+                    (await call_ok(c, "serve_attach", base_url=server.url)).get("next_step") or ""
+                )
+        finally:
+            state_of(mcp).close()
+    with serving() as server:
+        server.models = ({"data": [{"id": "SmolLM2-135M-Instruct"}]}, 200)
+        mcp = build_server(Settings.load(state_dir=tmp_path / "state2"))
+        try:
+            async with Client(mcp) as c:
+                att = await call_ok(c, "serve_attach", base_url=server.url)
+                assert "'SmolLM2-135M-Instruct' is also a local model" in att["next_step"], att
+                assert f"serve_stop engine_id='{att['id']}'" in att["next_step"]
+        finally:
+            state_of(mcp).close()

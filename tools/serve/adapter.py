@@ -51,6 +51,14 @@ async def confirm_serve(
 PROBES = anyio.CapacityLimiter(4)
 
 
+def shadow_note(names: list[str], engine_id: str) -> str:
+    shown = ", ".join(f"'{n}'" for n in names)
+    return (
+        f"{shown} is also a local model: infer_chat/infer_complete with that name now go to this server "
+        f"(model omitted: the local one); serve_stop engine_id='{engine_id}' routes it back."
+    )
+
+
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(
         mcp,
@@ -141,6 +149,12 @@ def register(mcp: MCPServer[Any]) -> None:
         name: Annotated[str | None, Field(max_length=256, description="Served model; default: the first")] = None,
     ) -> EngineStatus:
         """Route infer_chat/infer_complete to a running OpenAI-compatible server; gpubox never stops it."""
-        engines = (await anyio.to_thread.run_sync(services.serve, app_state(ctx))).engines
+        state = app_state(ctx)
+        engines = (await anyio.to_thread.run_sync(services.serve, state)).engines
         rec = await anyio.to_thread.run_sync(lambda: engines.attach(base_url, api_key, name))
-        return await anyio.to_thread.run_sync(engines.status, rec.id, limiter=PROBES)
+        status = await anyio.to_thread.run_sync(engines.status, rec.id, limiter=PROBES)
+        local = await anyio.to_thread.run_sync(lambda: services.models(state).discovered().keys())
+        if shadowed := [m for m in status.served_models if m.lower() in local]:
+            # requests by that name go to the attached server from now on; the local copy (and its memory) stays
+            status.next_step = " ".join(filter(None, [status.next_step, shadow_note(shadowed, rec.id)]))
+        return status
