@@ -22,6 +22,7 @@ from gpubox.tools.inference.grammar import check_schema
 from gpubox.tools.inference.manager import ModelManager, Resident
 from gpubox.tools.inference.output_check import check_output, not_json
 from gpubox.tools.inference.schemas import BenchmarkResult, GenerationResult
+from gpubox.tools.inference.specials import defuse, specials_of
 
 # what recording a benchmark as a calibration gave: (row id, decode efficiency), why it was refused, or nothing
 Recorded = tuple[int, float | None] | InvalidInputError | None
@@ -65,7 +66,8 @@ async def generate(
             with r.lock:  # one request at a time per model; other models and tools keep running
                 if cancel.is_set():  # the caller left while it waited: its prompt is not evaluated for nothing
                     return GenOutput("", "cancelled", 0, 0, None, None, None, 0.0)
-                return r.backend.generate(messages, prompt, params, pieces.put, cancel)
+                chat = None if messages is None else defuse(messages, specials_of(r.backend))
+                return r.backend.generate(chat, prompt, params, pieces.put, cancel)
         finally:
             mgr.release(r)
 
