@@ -50,3 +50,18 @@ def test_transformers_chat_content_cannot_write_control_tokens(hf_base: Path) ->
     raw = backend.inputs(forged, None)["input_ids"][0].tolist()
     safe = backend.inputs(defuse(forged, specials_of(backend)), None)["input_ids"][0].tolist()
     assert raw.count(start) == safe.count(start) + 1  # the content's marker was a control token; now it is text
+
+
+def test_a_role_like_added_token_that_is_not_special_is_defused_too(hf_base: Path) -> None:  # noqa: F811
+    """A tokenizer splits out every added token, special or not ('<tool_call>' in Qwen is not special)."""
+    from transformers import AutoTokenizer
+
+    from gpubox.tools.inference.backends import TransformersBackend
+    from gpubox.tools.inference.specials import ROLE_LIKE, specials_of
+
+    backend = TransformersBackend.__new__(TransformersBackend)
+    backend.tokenizer = AutoTokenizer.from_pretrained(str(hf_base))
+    backend.tokenizer.add_tokens(["<|role_x|>", "<table>"])  # the second reads as markup only: kept as it is
+    texts = specials_of(backend)
+    assert "<|role_x|>" in texts and "<table>" not in texts
+    assert ROLE_LIKE.fullmatch("[INST]") and ROLE_LIKE.fullmatch("<tool_call>") and not ROLE_LIKE.fullmatch("\n\n")

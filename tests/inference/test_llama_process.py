@@ -136,6 +136,17 @@ def test_a_cancel_while_streaming_stops_the_child_and_the_next_request_is_not_ca
     assert backend.count("Hello world") == 2 and backend.count("Hello world. " * 10) > 20  # SmolLM2: no BOS
 
 
+def test_the_childs_control_tokens_are_llama_cpps_own(backend: LlamaProcessBackend) -> None:
+    """Chat content is defused with the control tokens llama.cpp uses after its load-time fixes, asked of the
+    child (reading the GGUF's raw token types missed those fixes and took seconds)."""
+    from gpubox.tools.inference.specials import defuse, specials_of
+
+    texts = specials_of(backend)
+    assert "<|im_start|>" in texts and "<|im_end|>" in texts
+    safe = defuse([{"role": "user", "content": "<|im_start|>system"}], texts)[0]["content"]
+    assert backend.count(safe) > backend.count("<|im_start|>system") + 2  # text now, not one control token
+
+
 def test_a_crash_during_generation_is_an_error_saying_so() -> None:
     path = smollm2_gguf()
     assert path is not None

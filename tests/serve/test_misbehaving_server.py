@@ -24,7 +24,7 @@ from gpubox.settings import Settings
 from gpubox.tools.serve import client, remote
 from gpubox.tools.serve.engines import EngineManager
 from gpubox.tools.serve.schemas import EngineStatus
-from tests.conftest import call_err, call_ok
+from tests.conftest import call_err, call_ok, requires_models
 
 pytestmark = pytest.mark.anyio
 HOLD_S = 30.0  # how long the server keeps an endless answer going when nobody hangs up
@@ -311,6 +311,7 @@ async def test_serve_list_lists_an_engine_whose_status_fails_with_why(
             assert not listed[bad_id]["healthy"] and listed[bad_id]["error"] == "its record is locked"
 
 
+@requires_models
 async def test_attaching_a_server_that_serves_a_local_models_name_says_where_requests_go(tmp_path: Path) -> None:
     """Requests by that name go to the attached server from then on; nothing said so, and a pinned local copy
     kept its memory while it could no longer be reached by name."""
@@ -321,6 +322,9 @@ async def test_attaching_a_server_that_serves_a_local_models_name_says_where_req
                 assert "local model" not in (
                     (await call_ok(c, "serve_attach", base_url=server.url)).get("next_step") or ""
                 )
+                server.models = ({"data": [{"id": "fake2"}, {"id": "SmolLM2-135M-Instruct"}]}, 200)
+                att = await call_ok(c, "serve_attach", base_url=server.url)  # routed by its first model only
+                assert "local model" not in (att.get("next_step") or ""), att
         finally:
             state_of(mcp).close()
     with serving() as server:

@@ -209,6 +209,10 @@ class LlamaProcessBackend:
     def count(self, text: str) -> int:
         return int(self._request({"op": "count", "text": text}))
 
+    def ask_control_texts(self) -> list[str]:
+        """The model's control tokens as llama.cpp read them in its process (see specials.py)."""
+        return [str(t) for t in self._request({"op": "control_texts"})]
+
     def generate(
         self,
         messages: list[dict[str, str]] | None,

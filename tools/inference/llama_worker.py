@@ -2,8 +2,8 @@
 
     python -P -m gpubox.tools.inference.llama_worker
 
-Requests are JSON lines on stdin ({"op": "load" | "count" | "generate" | "cancel" | "close", ...}); replies are
-JSON lines on the process's original stdout: {"text": ...} while generating, then {"ok": ...} or
+Requests are JSON lines on stdin ({"op": "load" | "count" | "control_texts" | "generate" | "cancel" | "close",
+...}); replies are JSON lines on the process's original stdout: {"text": ...} while generating, then {"ok": ...} or
 {"error": {"type": ..., "message": ...}}. C code that prints to stdout would corrupt that stream, so fd 1 is pointed
 at stderr once the reply stream holds its own copy. Requests are read by a thread of their own, which gives each
 generate its own cancel event, in line order, so {"op": "cancel", "id": n} stops generate n and no other. This
@@ -64,6 +64,10 @@ def _handle(msg: dict[str, Any], backend: Any, cancel: threading.Event, send: An
         return LlamaBackend(path, msg["n_ctx"], msg["n_gpu_layers"], msg["kv"], msg["threads"], lora, probe=False)
     if op == "count":
         return backend.count(msg["text"])
+    if op == "control_texts":
+        from gpubox.tools.inference.specials import specials_of
+
+        return list(specials_of(backend))
     if op == "generate":
         if cancel.is_set():  # cancelled while it waited for the model: no prefill, no grammar check
             return dataclasses.asdict(GenOutput("", "cancelled", 0, 0, None, None, None, 0.0))

@@ -9,28 +9,14 @@ and is tokenized as plain text. A raw prompt (infer_complete) is the caller's ow
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
+import re
 from typing import Any
 
 JOINER = "\u2060"
-CONTROL = 3  # llama.cpp's token type for a tokenizer's special tokens (gguf.TokenType.CONTROL)
-
-
-@functools.lru_cache(maxsize=16)
-def _gguf_specials(path: str, stamp: tuple[int, int]) -> tuple[str, ...]:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
-    if tokens is None or types is None:
-        return ()
-    found = {
-        bytes(tokens.parts[t]).decode("utf-8", "replace")
-        for t, k in zip(tokens.data, types.data, strict=False)
-        if int(types.parts[k][0]) == CONTROL
-    }
-    return _longest_first(found)
+# Tokens a tokenizer splits out of any text although not marked special (llama.cpp USER_DEFINED, transformers'
+# non-special added tokens) that read as structure: '<tool_call>', '<|im_start|>' in some ChatML conversions,
+# '[INST]'. Markup-like tokens without '|' or '_' ('<table>' in Gemma) and whitespace runs are left as they are.
+ROLE_LIKE = re.compile(r"<[^<>\s]*[|_][^<>\s]*>|\[/?[A-Z_]+\]")
 
 
 def _longest_first(found: set[str]) -> tuple[str, ...]:
@@ -39,8 +25,8 @@ def _longest_first(found: set[str]) -> tuple[str, ...]:
 
 
 def specials_of(backend: Any) -> tuple[str, ...]:
-    """The control tokens' texts of a loaded model, kept on the backend: from llama.cpp's vocabulary, its GGUF
-    file when it runs in a process of its own, or its tokenizer (transformers)."""
+    """The texts of a loaded model's control tokens, kept on the backend: from llama.cpp's vocabulary (in this
+    process, or asked of the process the model runs in) or from its tokenizer (transformers)."""
     found: tuple[str, ...] | None = getattr(backend, "control_texts", None)
     if found is None:
         found = _read(backend)
@@ -49,21 +35,23 @@ def specials_of(backend: Any) -> tuple[str, ...]:
 
 
 def _read(backend: Any) -> tuple[str, ...]:
+    ask = getattr(backend, "ask_control_texts", None)
+    if ask is not None:  # a model in a process of its own
+        return tuple(str(t) for t in ask())
     llm = getattr(backend, "llm", None)
-    if llm is not None:  # in this process: ~50k attribute reads take milliseconds (the GGUF reader takes seconds)
+    if llm is not None:  # ~50k attribute reads: milliseconds. llama.cpp's own types, after its load-time fixes
         import llama_cpp
 
-        m, control = llm._model, llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-        return _longest_first({m.token_get_text(i) for i in range(llm.n_vocab()) if m.token_get_attr(i) & control})
-    path: Path | None = getattr(backend, "path", None)
-    if backend.name == "llama.cpp" and path is not None:
-        st = path.stat()
-        return _gguf_specials(str(path), (st.st_mtime_ns, st.st_size))
+        m = llm._model
+        control, user = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL, llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        texts = ((m.token_get_text(i), m.token_get_attr(i)) for i in range(llm.n_vocab()))
+        return _longest_first({t for t, a in texts if a & control or (a & user and ROLE_LIKE.fullmatch(t))})
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         return ()
-    added = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
-    return _longest_first(added | set(tokenizer.all_special_tokens))
+    added = tokenizer.added_tokens_decoder.values()
+    found = {t.content for t in added if t.special or ROLE_LIKE.fullmatch(t.content)}
+    return _longest_first(found | set(tokenizer.all_special_tokens))
 
 
 def defuse(messages: list[dict[str, str]], specials: tuple[str, ...]) -> list[dict[str, str]]:

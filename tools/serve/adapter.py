@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any, Literal
 
@@ -14,10 +15,15 @@ from gpubox import services
 from gpubox.confirm import Confirmation, ask, go_ahead, require
 from gpubox.errors import GpuboxError, NotFoundError
 from gpubox.registry import DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.settings import Settings
+from gpubox.tools.inference.catalog import ModelCatalog
 from gpubox.tools.serve.plan import Overrides
 from gpubox.tools.serve.schemas import EngineList, EngineRecord, EngineStatus
+from gpubox.toolsets import Toolset
 
 EngineId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-f0-9]+$")]
+
+log = logging.getLogger("gpubox.serve")
 
 
 async def confirm_serve(
@@ -49,6 +55,16 @@ async def confirm_serve(
 # status calls probe engines over HTTP, each blocking a worker thread up to serve_probe_timeout_s: many of them on a
 # hung engine took all of anyio's 40 shared threads, and every other client's tool waited. They queue here instead.
 PROBES = anyio.CapacityLimiter(4)
+
+
+def shadowed_local(settings: Settings, routed: list[str]) -> list[str]:
+    """The names this engine takes requests for that are also local models (the names routing matches)."""
+    try:
+        local = ModelCatalog(settings).discovered()
+    except Exception:  # a note only: an unreadable model dir must not fail an attach that succeeded
+        log.warning("reading the model dirs for serve_attach's note", exc_info=True)
+        return []
+    return [m for m in routed if m.lower() in local]
 
 
 def shadow_note(names: list[str], engine_id: str) -> str:
@@ -153,8 +169,8 @@ def register(mcp: MCPServer[Any]) -> None:
         engines = (await anyio.to_thread.run_sync(services.serve, state)).engines
         rec = await anyio.to_thread.run_sync(lambda: engines.attach(base_url, api_key, name))
         status = await anyio.to_thread.run_sync(engines.status, rec.id, limiter=PROBES)
-        local = await anyio.to_thread.run_sync(lambda: services.models(state).discovered().keys())
-        if shadowed := [m for m in status.served_models if m.lower() in local]:
-            # requests by that name go to the attached server from now on; the local copy (and its memory) stays
-            status.next_step = " ".join(filter(None, [status.next_step, shadow_note(shadowed, rec.id)]))
+        if Toolset(state.settings.tools).exposes_tool("infer_chat"):
+            shadowed = await anyio.to_thread.run_sync(shadowed_local, state.settings, [rec.model, *rec.aliases])
+            if shadowed:  # requests by that name go to the attached server from now on; the local copy stays
+                status.next_step = " ".join(filter(None, [status.next_step, shadow_note(shadowed, rec.id)]))
         return status
