@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.errors import BusyError, GpuboxError
+from gpubox.errors import BusyError, GpuboxError, NotFoundError
 from gpubox.settings import Settings
 from gpubox.tools.search.service import DROPPED, SearchService
 from gpubox.tools.search.walker import WalkOptions, walk, without_comments
@@ -114,7 +114,7 @@ def test_an_index_another_server_is_building_is_neither_built_again_nor_dropped_
             assert other.stdout is not None and other.stdout.readline().strip() == "held"
             with pytest.raises(BusyError, match="being built by another gpubox server"):
                 svc.start_index(str(root / "repo"), "r", [], [], None)
-            with pytest.raises(BusyError, match="being built by another gpubox server"):
+            with pytest.raises(BusyError, match="drop it when that run ends"):  # was "search it": a drop's advice
                 svc.drop("r")
             assert svc.indexing() == [] and svc.names() == ["r"]  # the refusal left no job and no reservation
             assert svc.ledger.state().holdings == []
@@ -168,5 +168,30 @@ def test_an_index_dropped_and_built_again_under_its_name_never_serves_the_old_on
                 hits = svc.search("alpha", "r", 5, 0, None, None, mode, 800).hits
                 assert hits and {h.path for h in hits} == {f"{repo}.py"}, (repo, mode)
             svc.drop("r")
+    finally:
+        svc.close()
+
+
+def test_searching_an_index_another_server_is_building_says_so(tmp_path: Path) -> None:
+    """Before that run's first commit, search_code said "the last indexing run was interrupted" while the other
+    server's search_list said "indexing"."""
+    svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
+    try:
+        svc.store("r", create=True)  # an index folder with no committed data, as a run makes it
+        lock = tmp_path / "state" / "search" / "r" / "run.lock"
+        other = subprocess.Popen(  # a second gpubox server's run holds the index's lock
+            [sys.executable, "-c", f"import sys; from gpubox.filelock import try_exclusive; from pathlib import Path\n"
+             f"held = try_exclusive(Path({str(lock)!r})); print('held' if held else 'no', flush=True)\n"
+             "sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert other.stdout is not None and other.stdout.readline().strip() == "held"
+            with pytest.raises(NotFoundError, match="another gpubox server on this box is building it"):
+                svc.search("alpha", "r", 5, 0, None, None, "lexical", 200)
+        finally:
+            other.communicate("")
+        with pytest.raises(NotFoundError, match="not built"):  # that run gone: no longer said to be running
+            svc.search("alpha", "r", 5, 0, None, None, "lexical", 200)
     finally:
         svc.close()

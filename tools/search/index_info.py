@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpubox.errors import InvalidInputError
 from gpubox.tools.search.indexer import MIXED
 from gpubox.tools.search.runstate import IndexReport, Progress, unfinished_run
 from gpubox.tools.search.schemas import IndexInfo, IndexProgress, IndexResult, IndexState
@@ -125,3 +126,14 @@ def run_result(name: str, root: Path, progress: Progress, report: IndexReport | 
         progress=progress_model(progress),
         message="up to date" if not (r.added_files or r.changed_files or r.removed_files) else "indexed",
     )
+
+
+def check_embedder(name: str, meta: dict[str, Any], model: str, adapter: str | None) -> None:
+    """Refuse a vector search of an index built with another embedding model or adapter than the server's."""
+    if meta.get("model") != model:
+        raise InvalidInputError(
+            f"index '{name}' was built with {meta.get('model')} but the server uses {model}; "
+            "use mode='lexical', or search_drop and re-index"
+        )
+    if meta.get("adapter") != adapter:
+        raise InvalidInputError(adapter_changed(name, meta, adapter))

@@ -284,16 +284,13 @@ class SearchService:
             job = self._jobs.get(name)
             if job and job.finished is None:
                 state = job.message()
+            elif self._built_elsewhere(name):
+                state = "another gpubox server on this box is building it"
             else:
                 state = "the last indexing run was interrupted" if unfinished_run(meta) else "not built"
             raise NotFoundError(f"index '{name}' has no committed data yet ({state}); poll search_list")
-        if meta.get("model") != str(self.embedder.model_path) and mode != "lexical":
-            raise InvalidInputError(
-                f"index '{name}' was built with {meta.get('model')} but the server uses {self.embedder.model_path}; "
-                "use mode='lexical', or search_drop and re-index"
-            )
-        if meta.get("adapter") != self.embedder.adapter and mode != "lexical":
-            raise InvalidInputError(index_info.adapter_changed(name, meta, self.embedder.adapter))
+        if mode != "lexical":
+            index_info.check_embedder(name, meta, str(self.embedder.model_path), self.embedder.adapter)
         index = self._faiss_index(name, store) if mode != "lexical" else None
         embed = (lambda: self.embedder.encode_query(query)) if mode != "lexical" else None
         n = offset + k
@@ -353,15 +350,23 @@ class SearchService:
         names = sorted(set(self.names()) | jobs)
         return IndexList(indexes=[self.info(n) for n in names])
 
-    def _run_lock(self, name: str) -> IO[str]:
+    def _run_lock(self, name: str, then: str = "search it") -> IO[str]:
         """The index's lock for a run (or a drop), across every gpubox server on the box: two servers indexing one
         index at once stored every chunk twice, for good."""
         held = try_exclusive(self.base / name / "run.lock")
         if held is None:
             raise BusyError(
-                f"index '{name}' is being built by another gpubox server on this box; search it when that run ends"
+                f"index '{name}' is being built by another gpubox server on this box; {then} when that run ends"
             )
         return held
+
+    def _built_elsewhere(self, name: str) -> bool:
+        """Whether another server's run holds the index's lock now (this server's runs are in _jobs)."""
+        try:
+            self._run_lock(name).close()
+        except BusyError:
+            return True
+        return False
 
     def drop(self, name: str) -> DropResult:
         with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
@@ -372,7 +377,7 @@ class SearchService:
                 del self._jobs[name]  # a first run that failed before committing anything: only its report
                 return DropResult(name=name, dropped=True, freed_bytes=0)
             ensure_not_running(self._jobs.get(name), name, ": it is not dropped while the run goes on")
-            run_lock = self._run_lock(name)  # not while another server builds it; held until the folder moves
+            run_lock = self._run_lock(name, "drop it")  # not while another server builds it; held until moved
             try:
                 store = self._stores.pop(name, None) or IndexStore(self.base / name)
                 self._faiss.pop(name, None)
