@@ -95,6 +95,18 @@ def test_dropping_an_index_while_others_search_it_ends_their_searches_cleanly(tm
         svc.close()
 
 
+def lock_held_elsewhere(lock: Path) -> subprocess.Popen[str]:
+    """A second gpubox server's run holding the index's lock, until its stdin closes (`communicate("")`)."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from gpubox.filelock import try_exclusive; from pathlib import Path\n"
+         f"held = try_exclusive(Path({str(lock)!r})); print('held' if held else 'no', flush=True)\n"
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert other.stdout is not None and other.stdout.readline().strip() == "held"
+    return other
+
+
 @pytest.mark.slow  # builds an index, starts a process
 def test_an_index_another_server_is_building_is_neither_built_again_nor_dropped_here(tmp_path: Path) -> None:
     root = tmp_path / "root"
@@ -103,15 +115,8 @@ def test_an_index_another_server_is_building_is_neither_built_again_nor_dropped_
     svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[root]))
     try:
         finished(svc.start_index(str(root / "repo"), "r", [], [], None)[2])
-        lock = tmp_path / "state" / "search" / "r" / "run.lock"
-        other = subprocess.Popen(  # a second gpubox server's run holds the index's lock
-            [sys.executable, "-c", f"import sys; from gpubox.filelock import try_exclusive; from pathlib import Path\n"
-             f"held = try_exclusive(Path({str(lock)!r})); print('held' if held else 'no', flush=True)\n"
-             "sys.stdin.read()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        other = lock_held_elsewhere(tmp_path / "state" / "search" / "r" / "run.lock")
         try:
-            assert other.stdout is not None and other.stdout.readline().strip() == "held"
             with pytest.raises(BusyError, match="being built by another gpubox server"):
                 svc.start_index(str(root / "repo"), "r", [], [], None)
             with pytest.raises(BusyError, match="drop it when that run ends"):  # was "search it": a drop's advice
@@ -178,15 +183,8 @@ def test_searching_an_index_another_server_is_building_says_so(tmp_path: Path) -
     svc = SearchService(Settings.load(state_dir=tmp_path / "state", allowed_roots=[tmp_path]))
     try:
         svc.store("r", create=True)  # an index folder with no committed data, as a run makes it
-        lock = tmp_path / "state" / "search" / "r" / "run.lock"
-        other = subprocess.Popen(  # a second gpubox server's run holds the index's lock
-            [sys.executable, "-c", f"import sys; from gpubox.filelock import try_exclusive; from pathlib import Path\n"
-             f"held = try_exclusive(Path({str(lock)!r})); print('held' if held else 'no', flush=True)\n"
-             "sys.stdin.read()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        other = lock_held_elsewhere(tmp_path / "state" / "search" / "r" / "run.lock")
         try:
-            assert other.stdout is not None and other.stdout.readline().strip() == "held"
             with pytest.raises(NotFoundError, match="another gpubox server on this box is building it"):
                 svc.search("alpha", "r", 5, 0, None, None, "lexical", 200)
         finally:
