@@ -46,7 +46,7 @@ class GpuboxServer(MCPServer[AppState]):
         super().__init__(name, **kwargs)
         self.state = state
         self._parameters: dict[str, set[str]] | None = None  # per tool, the names its signature takes
-        self._numeric: dict[str, set[str]] = {}  # per tool, the parameters that take numbers only
+        self._schemas: dict[str, dict[str, Any]] = {}  # per tool, its full input schema (booleans for numbers)
 
     async def full_schemas(self) -> dict[str, dict[str, Any]]:
         """Every tool's input schema with all its parameters (nothing folded into `more`) and every bound."""
@@ -74,18 +74,18 @@ class GpuboxServer(MCPServer[AppState]):
     ) -> CallToolResult | InputRequiredResult:
         """The SDK's tools/call with `more` unfolded, names the tool does not take refused (the SDK ignores them),
         and compact JSON text (the SDK indents it: a third more tokens for nothing)."""
-        from gpubox.arguments import invalid_arguments, no_booleans, numeric_parameters, unfold
+        from gpubox.arguments import invalid_arguments, no_booleans, unfold
         from gpubox.errors import InvalidInputError
         from gpubox.registry import folded_parameters
 
         if self._parameters is None or name not in self._parameters:  # built once; again for a tool added later
             schemas = await self.full_schemas()
             self._parameters = {n: set(s.get("properties", {})) for n, s in schemas.items()}
-            self._numeric = {n: numeric_parameters(s) for n, s in schemas.items()}
+            self._schemas = schemas
         if name in self._parameters:
             try:
                 arguments = unfold(name, arguments, self._parameters[name], folded_parameters(self).get(name, ()))
-                no_booleans(arguments, self._numeric[name])
+                no_booleans(arguments, self._schemas[name])
             except InvalidInputError as exc:
                 return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
         try:

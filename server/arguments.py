@@ -120,22 +120,57 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def numeric_parameters(schema: Mapping[str, Any]) -> set[str]:
-    """Parameters whose schema takes numbers and no booleans."""
+def _types(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> set[str]:
+    """The JSON types `schema` admits, through `$ref` and `anyOf`."""
+    schema = _deref(schema, defs)
+    t = schema.get("type")
+    own = set(t) if isinstance(t, list) else {t} if isinstance(t, str) else set()
+    return own.union(*(_types(x, defs) for x in schema.get("anyOf", []) if isinstance(x, Mapping)))
 
-    def types(s: Mapping[str, Any]) -> set[str]:
-        t = s.get("type")
-        own = set(t) if isinstance(t, list) else {t} if isinstance(t, str) else set()
-        return own.union(*(types(x) for x in s.get("anyOf", []) if isinstance(x, Mapping)))
 
+def _deref(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    target = defs.get(ref.removeprefix("#/$defs/")) if isinstance(ref, str) else None
+    return target if isinstance(target, Mapping) else schema
+
+
+def _branches(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    schema = _deref(schema, defs)
+    subs = [_deref(x, defs) for x in schema.get("anyOf", []) if isinstance(x, Mapping)]
+    return [schema, *subs]
+
+
+def booleans_for_numbers(value: Any, schema: Mapping[str, Any], defs: Mapping[str, Any], where: str) -> list[str]:
+    """Where in `value` a boolean stands for a number `schema` asks for: at the top, in a list's items and in an
+    object's properties (`seq_len=[true]` was read as [1])."""
+    if isinstance(value, bool):
+        types = _types(schema, defs)
+        wanted = types & {"integer", "number"} and "boolean" not in types
+        return [f"{where}: a number is wanted, not {json.dumps(value)}"] if wanted else []
+    found: list[str] = []
+    for branch in _branches(schema, defs):
+        if isinstance(value, list) and isinstance(items := branch.get("items"), Mapping):
+            for i, item in enumerate(value):
+                found += booleans_for_numbers(item, items, defs, f"{where}[{i}]")
+            break
+        if isinstance(value, dict) and isinstance(props := branch.get("properties"), Mapping):
+            for key, item in value.items():
+                if isinstance(sub := props.get(key), Mapping):
+                    found += booleans_for_numbers(item, sub, defs, f"{where}.{key}")
+            break
+    return found
+
+
+def no_booleans(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    """pydantic's lax mode reads true as 1 for a number (max_tokens: true generated one token): refused, at any
+    depth of the arguments."""
     props: Mapping[str, Any] = schema.get("properties", {})
-    return {k for k, s in props.items() if (t := types(s)) & {"integer", "number"} and "boolean" not in t}
-
-
-def no_booleans(arguments: Mapping[str, Any], numeric: Iterable[str]) -> None:
-    """pydantic's lax mode reads true as 1 for a number (max_tokens: true generated one token): refused."""
-    bad = [k for k in numeric if isinstance(arguments.get(k), bool)]
+    defs: Mapping[str, Any] = schema.get("$defs", {})
+    bad = [
+        w
+        for k, v in arguments.items()
+        if isinstance(s := props.get(k), Mapping)
+        for w in booleans_for_numbers(v, s, defs, k)
+    ]
     if bad:
-        raise InvalidInputError(
-            "invalid arguments: " + "; ".join(f"{k}: a number is wanted, not {json.dumps(arguments[k])}" for k in bad)
-        )
+        raise InvalidInputError("invalid arguments: " + "; ".join(bad[:5]))

@@ -138,3 +138,29 @@ async def test_a_boolean_for_a_number_is_refused(client: Client) -> None:
     assert "context_length: a number is wanted, not true" in text, text
     plan = await call_ok(client, "estimate_gpus", detail=False)  # a boolean parameter still takes one
     assert plan
+
+
+async def test_a_boolean_for_a_number_inside_a_list_is_refused(client: Client) -> None:
+    """The check looked at top-level arguments only: seq_len=[true] was read as [1] (refused before the tool asks
+    for its confirmation)."""
+    text = await call_err(client, "bench_attention", seq_len=[256, True], head_dim=64)
+    assert "seq_len[1]: a number is wanted, not true" in text, text
+    assert "head_dim" not in text
+
+
+def test_booleans_for_numbers_are_found_through_refs_unions_and_objects() -> None:
+    from gpubox.arguments import no_booleans
+
+    schema = {
+        "properties": {
+            "shape": {"anyOf": [{"$ref": "#/$defs/Shape"}, {"type": "null"}]},
+            "flags": {"type": "array", "items": {"type": "boolean"}},
+            "n": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}]},
+        },
+        "$defs": {"Shape": {"type": "object", "properties": {"dims": {"type": "array", "items": {"type": "number"}}}}},
+    }
+    no_booleans({"flags": [True, False], "n": [1, 2], "shape": {"dims": [1.5]}}, schema)  # booleans where wanted
+    with pytest.raises(InvalidInputError) as bad:
+        no_booleans({"shape": {"dims": [2, False]}, "n": [True]}, schema)
+    assert "shape.dims[1]: a number is wanted, not false" in str(bad.value)
+    assert "n[0]: a number is wanted, not true" in str(bad.value)
