@@ -118,9 +118,7 @@ def test_a_worker_gone_after_a_cancel_request_is_cancelled_not_failed(tmp_path: 
 
 
 @pytest.mark.anyio
-async def test_a_plan_over_a_very_long_row_stays_small_and_warns_about_the_worker(
-    tmp_path: Path, hf_base: Path
-) -> None:
+async def test_a_plan_over_a_very_long_row_stays_small(tmp_path: Path, hf_base: Path) -> None:
     from mcp import Client
 
     from gpubox.app import build_server, state_of
@@ -138,4 +136,43 @@ async def test_a_plan_over_a_very_long_row_stays_small_and_warns_about_the_worke
     finally:
         state_of(mcp).close()
     assert plan["dataset"]["token_length_percentiles"]["max"] > 1_000_000
-    assert any("tokenizes each row whole" in w for w in plan["warnings"]), plan["warnings"]
+
+
+@pytest.mark.requires_hf
+def test_a_row_cut_before_tokenizing_keeps_every_token_truncation_keeps(hf_base: Path, tmp_path: Path) -> None:
+    """The training worker tokenized each row whole before trl cut it at max_length (a 50 MB row took 12 GB of
+    RAM); it now cuts the text first, at twice max_length tokens of the longest token's text."""
+    from transformers import AutoTokenizer
+
+    from gpubox.tools.finetune.worker import _rows, row_chars
+
+    tok = AutoTokenizer.from_pretrained(str(hf_base))
+    max_length = 64
+    cut = row_chars({"max_length": max_length}, tok)
+    text = "".join(f"{i % 10}" * (i % 40) + " " for i in range(50_000))  # long number tokens, then spaces
+    assert len(text) > 10 * cut
+    row = data.cut_long({"text": text}, "text", cut)
+    assert len(row["text"]) == cut
+
+    def first(t: str) -> list[int]:
+        return tok(t, add_special_tokens=False)["input_ids"][:max_length]
+
+    assert first(row["text"]) == first(text)
+    chat = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "ok"},
+    ]
+    cut_chat = data.cut_long({"messages": chat}, "messages", cut)["messages"]
+    assert [m["role"] for m in cut_chat] == ["system", "user"] and len(cut_chat[1]["content"]) == cut - 8
+
+    def rendered(messages: list[dict[str, str]]) -> list[int]:
+        return first(tok.apply_chat_template(messages, tokenize=False))
+
+    assert rendered(cut_chat) == rendered(chat)
+    pc = data.cut_long({"prompt": text, "completion": "done"}, "prompt_completion", cut)
+    assert pc == {"prompt": text[:cut], "completion": ""}
+    short = {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]}
+    assert data.cut_long(short, "prompt_completion", cut) == short
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": "hi"}) + "\n")
+    assert _rows(tmp_path, "train.jsonl", cut)["text"] == [text[:cut], "hi"]  # what the worker hands trl

@@ -107,9 +107,3 @@ async def test_a_model_loaded_for_inference_is_named_in_the_plan_with_how_to_fre
     assert "'smollm2-135m-instruct'" in held[0] and "GB of RAM" in held[0]
     assert "infer_unload name='smollm2-135m-instruct'" in held[0]
     assert not any("loaded for inference" in w for w in clean["warnings"] + unloaded["warnings"])
-
-
-def test_a_row_long_enough_to_take_gigabytes_to_tokenize_is_warned_about() -> None:
-    assert plan_warnings.long_rows(900_000, 2048) == []
-    (warning,) = plan_warnings.long_rows(10_000_000, 2048)
-    assert "10,000,000 tokens" in warning and "about 12 GB" in warning and "max_length 2048" in warning

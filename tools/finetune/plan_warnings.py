@@ -79,19 +79,3 @@ def loaded_models(loaded: dict[str, LoadedInfo], device: str) -> list[str]:
             "that memory to training"
         )
     return out
-
-
-# a fast tokenizer's peak memory per token of one row tokenized whole (a 50 MB, ~10M-token row took 12 GB)
-TOKENIZE_BYTES_PER_TOKEN = 1200
-
-
-def long_rows(longest_tokens: int, max_length: int, threshold: int = 1_000_000) -> list[str]:
-    """A row so long that the worker's tokenization alone (trl tokenizes each row whole, then cuts it at
-    max_length) takes gigabytes of RAM."""
-    if longest_tokens < threshold:
-        return []
-    gb = longest_tokens * TOKENIZE_BYTES_PER_TOKEN / 1e9
-    return [
-        f"the longest row has about {longest_tokens:,} tokens: the training worker tokenizes each row whole before "
-        f"cutting it at max_length {max_length}, about {gb:.0f} GB of RAM for that row alone; split long rows first"
-    ]

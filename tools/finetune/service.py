@@ -94,7 +94,6 @@ class Finetuner:
         summary, _rows, tokens = planner.summarise(
             req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)
         )
-        warnings += plan_warnings.long_rows(summary.token_length_percentiles["max"], req.max_length)
         if device == "cuda":
             warnings += plan_warnings.busy_gpu(status.gpus) + plan_warnings.throttled(status.gpus)
         elif req.method == "qlora":

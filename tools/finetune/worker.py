@@ -114,13 +114,29 @@ def _callback(job_dir: Path, inject: bool) -> Any:
     return JobCallback()
 
 
-def _rows(job_dir: Path, name: str) -> Any:
+def _rows(job_dir: Path, name: str, max_chars: int) -> Any:
+    """The rows of `name`, each cut at `max_chars` characters."""
     from datasets import Dataset
+
+    from gpubox.tools.finetune.data import cut_long, detect_format
 
     path = job_dir / name
     if not path.is_file():
         return None
-    return Dataset.from_list([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    if rows:
+        fmt = detect_format(rows[0])
+        rows = [cut_long(row, fmt, max_chars) for row in rows]
+    return Dataset.from_list(rows)
+
+
+def row_chars(req: dict[str, Any], tokenizer: Any) -> int:
+    """Where rows are cut before trl tokenizes them (data.cut_long): twice max_length tokens of the longest token
+    text, so the cut never reaches a token trl keeps (it truncates each row at max_length, with packing too: its
+    default "bfd" strategy truncates overflow, as the planner counts)."""
+    from gpubox.tools.finetune.data import max_token_chars
+
+    return 2 * int(req["max_length"]) * max_token_chars(tokenizer)
 
 
 def _builder(job_dir: Path, cfg: dict[str, Any], tokenizer: Any, bf16: bool) -> Any:
@@ -135,7 +151,8 @@ def _builder(job_dir: Path, cfg: dict[str, Any], tokenizer: Any, bf16: bool) -> 
     hf_path = cfg["base"]["hf_path"]
     cuda = torch.cuda.is_available()
     fp16 = bool(req.get("fp16")) and not bf16
-    train_ds, eval_ds = _rows(job_dir, "train.jsonl"), _rows(job_dir, "eval.jsonl")
+    cut = row_chars(req, tokenizer)
+    train_ds, eval_ds = _rows(job_dir, "train.jsonl", cut), _rows(job_dir, "eval.jsonl", cut)
 
     def build(micro: int, accum: int, max_steps: int, callbacks: list[Any], probe: bool = False) -> Any:
         model_kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
