@@ -134,7 +134,9 @@ def register(mcp: MCPServer[Any]) -> None:
     async def infer_unload(ctx: Context, name: str) -> UnloadResult:
         """Free a loaded model's memory (after its running request)."""
         mgr = await manager_off_loop(ctx)
-        return await anyio.to_thread.run_sync(mgr.unload, name)
+        result = await anyio.to_thread.run_sync(lambda: mgr.unload(name, wait=False))
+        await service.unloaded(mgr, name, ctx.report_progress)
+        return result
 
     @gpubox_tool(mcp, annotations=COMPUTE, title="Chat", more=SAMPLING_MORE)
     async def infer_chat(

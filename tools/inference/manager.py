@@ -44,6 +44,7 @@ class ModelManager(ModelCatalog):
         self._loading: dict[str, float] = {}  # key -> GB reserved while its backend is being built
         self._loads_started = 0  # a load is measured only if no other started while it ran (see measure.py)
         self._unload_asked: set[str] = set()  # keys an infer_unload waits on while they load
+        self._closing: list[Resident] = []  # unloaded, closed by their last running request (unload wait=False)
         self._respawn: dict[str, dict[str, Any]] = {}  # key -> load arguments of a model whose process ended
         self.measured = LoadMeasurements(settings.state_dir)
         self._stop = threading.Event()
@@ -256,9 +257,10 @@ class ModelManager(ModelCatalog):
         self.ledger.reserve(owner, "inference", needs, frees, pinned=pin)
         return [r.name for r in victims]
 
-    def unload(self, name: str, *, missing_ok: bool = False, forget: bool = True) -> UnloadResult:
+    def unload(self, name: str, *, missing_ok: bool = False, forget: bool = True, wait: bool = True) -> UnloadResult:
         """`forget`: an unload the user asked for, after which a model whose process died is not brought back
-        (a reload, which unloads first, keeps the arguments until it has succeeded)."""
+        (a reload, which unloads first, keeps the arguments until it has succeeded). `wait=False`: a model still
+        running requests is closed by the last of them to end (`closing` counts them) instead of here."""
         key = name.lower()
         with self._changed:
             while forget and key in self._loading:  # unload what that load leaves, and stop a failed one's restore
@@ -270,6 +272,10 @@ class ModelManager(ModelCatalog):
             r = self.resident.pop(key, None)
             if r is not None:
                 self._detach(r)
+            if r is not None and r.busy > 0 and not wait:
+                r.close_on_release = True
+                self._closing.append(r)
+                return UnloadResult(name=name, unloaded=True)
             while r is not None and r.busy > 0:  # new requests cannot find it; wait for the running ones
                 self._changed.wait()
         if r is None:
@@ -324,7 +330,17 @@ class ModelManager(ModelCatalog):
         with self._changed:
             r.busy -= 1
             r.last_used = time.time()
+            last = r.close_on_release and r.busy == 0
+            if last:
+                self._closing = [x for x in self._closing if x is not r]
             self._changed.notify_all()
+        if last:  # an infer_unload that did not wait for this request
+            self._close(r)
+
+    def closing(self, name: str) -> int:
+        """Requests still running on unloaded copies of `name` (closed when they end)."""
+        with self._lock:
+            return sum(r.busy for r in self._closing if r.name.lower() == name.lower())
 
     # --- probes for other families (taken under the lock) ----------------------------------------
     def loaded(self) -> dict[str, LoadedInfo]:

@@ -32,6 +32,7 @@ class Resident:
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     busy: int = 0
+    close_on_release: bool = False  # unloaded while busy: the last request to end closes it (ModelManager.release)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # requests wait for the model here, on the event loop, before they take a worker thread: blocked in r.lock
     # each held one of the pool's threads, and 40 waiting requests stalled every other client's tools

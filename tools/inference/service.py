@@ -132,6 +132,18 @@ async def loaded(mgr: ModelManager, model: str | None) -> None:
         await anyio.sleep(LOAD_POLL_S)  # the load ends in a worker thread: no loop event to wait on
 
 
+async def unloaded(mgr: ModelManager, name: str, report: Progress | None) -> None:
+    """Wait, on the event loop and cancellable, for the requests still running on an unloaded `name` to end (the
+    last one closes it, caller or not): a worker thread waiting for a long generation held one of the pool's
+    threads, and a cancel did not end its wait."""
+    said = False
+    while running := mgr.closing(name):
+        if report is not None and not said:
+            said = True
+            await report(0.0, None, f"waiting for {running} running request(s) of {name} to end")
+        await anyio.sleep(LOAD_POLL_S)  # the last request closes it in its worker thread: no loop event
+
+
 async def shielded(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` in a worker thread, finished even if the caller is cancelled meanwhile."""
     with anyio.CancelScope(shield=True):
@@ -192,8 +204,14 @@ async def benchmark(
 
     peaks = [rss()]
 
-    def send(i: int) -> Awaitable[GenerationResult]:
-        return generate(mgr, r.name, None, f"{i}. {words}", params, None)
+    # the model runs one request at a time (r.lock): all of this benchmark's requests queued at its turn put every
+    # other client's request behind them (concurrency 256 kept a chat waiting 238 s); queued here they wait as long,
+    # and a request of anyone else waits for one of them
+    ours = anyio.Lock()
+
+    async def send(i: int) -> GenerationResult:
+        async with ours:
+            return await generate(mgr, r.name, None, f"{i}. {words}", params, None)
 
     results, latencies, wall = await drive(requests, concurrency, send, report, lambda: peaks.append(rss()))
     peak = max(peaks)
