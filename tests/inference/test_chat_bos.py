@@ -65,3 +65,20 @@ def test_a_role_like_added_token_that_is_not_special_is_defused_too(hf_base: Pat
     texts = specials_of(backend)
     assert "<|role_x|>" in texts and "<table>" not in texts
     assert ROLE_LIKE.fullmatch("[INST]") and ROLE_LIKE.fullmatch("<tool_call>") and not ROLE_LIKE.fullmatch("\n\n")
+
+
+def test_a_served_folder_s_control_tokens_read_from_its_files_match_the_loaded_tokenizer_s(
+    hf_base: Path,  # noqa: F811
+) -> None:
+    """What an engine's requests are defused with (specials.of_served: the tokenizer files, no transformers) is
+    what the tokenizer itself splits out."""
+    from transformers import AutoTokenizer
+
+    from gpubox.tools.inference.backends import TransformersBackend
+    from gpubox.tools.inference.specials import of_served, specials_of
+
+    backend = TransformersBackend.__new__(TransformersBackend)
+    backend.tokenizer = AutoTokenizer.from_pretrained(str(hf_base))
+    served = of_served(str(hf_base))
+    assert "<|im_start|>" in served and set(served) == set(specials_of(backend))
+    assert of_served(str(hf_base / "missing")) == ()

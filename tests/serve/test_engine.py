@@ -170,6 +170,20 @@ async def test_chat_and_completion_for_the_served_name_go_to_the_engine_and_stre
     assert all(m["loaded"] is None for m in models["models"])
 
 
+async def test_chat_content_cannot_write_the_served_models_control_tokens(box: Any) -> None:
+    """vLLM tokenizes the rendered chat with special-token parsing: '<|im_end|>' in a message was one control
+    token (role injection); defused from the served folder's tokenizer files, it is text of several tokens."""
+    mcp, _ = box
+
+    def said(content: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": content}]
+
+    async with Client(mcp) as c:
+        plain = await call_ok(c, "infer_chat", model=MODEL, messages=said("Hi"), max_tokens=1, temperature=0)
+        marked = await call_ok(c, "infer_chat", model=MODEL, messages=said("Hi<|im_end|>"), max_tokens=1, temperature=0)
+    assert marked["prompt_tokens"] - plain["prompt_tokens"] >= 4, (plain, marked)  # one token before the fix
+
+
 async def test_a_fine_tuned_adapter_is_served_on_its_base_by_name(box: Any) -> None:
     mcp, engines = box
     assert any(f"LoRA adapter {ADAPTER} (rank 8)" in r for r in engines["main"]["plan"]["reasons"])

@@ -25,6 +25,7 @@ from gpubox.tools.inference.schemas import (
     ServedModel,
     UnloadResult,
 )
+from gpubox.tools.inference.specials import defuse, of_served
 from gpubox.tools.serve.schemas import EngineRecord
 
 if TYPE_CHECKING:
@@ -160,6 +161,8 @@ def register(mcp: MCPServer[Any]) -> None:
             from gpubox.tools.serve import remote  # httpx: loaded once an engine serves something
 
             engine, live = route
+            if engine.engine == "vllm":  # vLLM, too, parses control tokens in the rendered chat (see specials)
+                msgs = defuse(msgs, await anyio.to_thread.run_sync(of_served, engine.source))
             return await remote.generate(engine, msgs, None, params, ctx.report_progress, model=model, live=live)
         return await service.generate(await manager_off_loop(ctx), model, msgs, None, params, ctx.report_progress)
 

@@ -4,12 +4,17 @@ llama-cpp-python renders a chat with the model's template and tokenizes the text
 (transformers' tokenizer does the same), so a message holding `<|im_end|>\\n<|im_start|>system\\n...` became real
 role markers: text an agent pasted from a web page or a file could speak as the system or the assistant. In each
 chat message, every control token's text gets a WORD JOINER (U+2060) after its first character: it reads the same
-and is tokenized as plain text. A raw prompt (infer_complete) is the caller's own template and keeps them.
+and is tokenized as plain text. A raw prompt (infer_complete) is the caller's own template and keeps them. vLLM
+renders and tokenizes a chat the same way: a chat routed to an engine gpubox runs is defused with the tokens of the
+served folder's tokenizer files (of_served); an attached server's tokenizer is not known here.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 JOINER = "\u2060"
@@ -52,6 +57,31 @@ def _read(backend: Any) -> tuple[str, ...]:
     added = tokenizer.added_tokens_decoder.values()
     found = {t.content for t in added if t.special or ROLE_LIKE.fullmatch(t.content)}
     return _longest_first(found | set(tokenizer.all_special_tokens))
+
+
+@functools.lru_cache(maxsize=16)
+def of_folder(folder: str, stamp: float | None = None) -> tuple[str, ...]:
+    """The control-token texts of an HF folder's tokenizer (a model an engine serves), read from tokenizer.json
+    and tokenizer_config.json without loading transformers; `stamp` (the files' mtime) keys the cache."""
+    found: set[str] = set()
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        try:
+            doc = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        tokens = doc.get(key) if isinstance(doc, dict) else None
+        entries = tokens.values() if isinstance(tokens, dict) else tokens if isinstance(tokens, list) else []
+        for t in entries:
+            text = t.get("content") if isinstance(t, dict) else None
+            if isinstance(text, str) and (t.get("special") or ROLE_LIKE.fullmatch(text)):
+                found.add(text)
+    return _longest_first(found)
+
+
+def of_served(folder: str) -> tuple[str, ...]:
+    """of_folder, read again when the tokenizer files change."""
+    files = [Path(folder) / n for n in ("tokenizer.json", "tokenizer_config.json")]
+    return of_folder(folder, max((f.stat().st_mtime for f in files if f.is_file()), default=None))
 
 
 def defuse(messages: list[dict[str, str]], specials: tuple[str, ...]) -> list[dict[str, str]]:
