@@ -19,7 +19,7 @@ def register(mcp: MCPServer[Any]) -> None:
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the process state through the server
-        return bench(state_of(mcp)).list(limit=200).model_dump_json(indent=2)
+        return bench(state_of(mcp)).list(limit=200).model_dump_json()
 
     def read(ctx: Context, run_id: str, name: str) -> bytes:
         try:

@@ -24,4 +24,4 @@ def register(mcp: MCPServer[Any]) -> None:
             raise ConfigError("this server was not built by gpubox.app.build_server; it has no session meter")
         report = session_meter(state).report().model_dump(mode="json")
         report["memory"] = services.ledger(state).state().model_dump(mode="json")
-        return json.dumps(report, indent=2)
+        return json.dumps(report, separators=(",", ":"))

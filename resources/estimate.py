@@ -21,7 +21,7 @@ def register(mcp: MCPServer[Any]) -> None:
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the server's state through the server
-        return estimator(state_of(mcp)).gpu_catalog().model_dump_json(indent=2)
+        return estimator(state_of(mcp)).gpu_catalog().model_dump_json()
 
     @gpubox_resource(mcp, "estimate://calibrations/{kind}", name="estimate_calibrations")
     def calibrations(kind: str, ctx: Context) -> str:
@@ -30,4 +30,4 @@ def register(mcp: MCPServer[Any]) -> None:
             raise UnknownNameError("calibration kind", kind, KINDS, hint="e.g. estimate://calibrations/inference")
         est = estimator(app_state(ctx))
         runs = est.store.list(kind=None if kind == "all" else kind)
-        return MeasurementList(measurements=runs, database=str(est.store.path)).model_dump_json(indent=2)
+        return MeasurementList(measurements=runs, database=str(est.store.path)).model_dump_json()

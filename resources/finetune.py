@@ -20,12 +20,12 @@ def register(mcp: MCPServer[Any]) -> None:
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the server's state through the server
-        return finetuner(state_of(mcp)).list().model_dump_json(indent=2)
+        return finetuner(state_of(mcp)).list().model_dump_json()
 
     @gpubox_resource(mcp, "finetune://jobs/{job_id}", name="finetune_job")
     def job(job_id: str, ctx: Context) -> str:
         """One job's status as JSON (same as finetune_status)."""
-        return finetuner(app_state(ctx)).status(job_id).model_dump_json(indent=2)
+        return finetuner(app_state(ctx)).status(job_id).model_dump_json()
 
     @gpubox_resource(mcp, "finetune://jobs/{job_id}/log", name="finetune_job_log", mime_type="text/plain")
     def job_log(job_id: str, ctx: Context) -> str:

@@ -14,4 +14,4 @@ def register(mcp: MCPServer[Any]) -> None:
     @gpubox_resource(mcp, "gpu://status", name="gpu_status", title="GPU status")
     def gpu_status_resource() -> str:
         """Live GPU and host telemetry with the session meter (same as the gpu_status tool)."""
-        return status_with_session(getattr(mcp, "state", None)).model_dump_json(indent=2)
+        return status_with_session(getattr(mcp, "state", None)).model_dump_json()

@@ -17,4 +17,4 @@ def register(mcp: MCPServer[Any]) -> None:
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the server's state through the server
-        return manager(state_of(mcp)).list().model_dump_json(indent=2)
+        return manager(state_of(mcp)).list().model_dump_json()

@@ -17,9 +17,9 @@ def register(mcp: MCPServer[Any]) -> None:
         from gpubox.app import state_of
 
         # static resources get no Context in the SDK, so reach the server's state through the server
-        return search_service(state_of(mcp)).list().model_dump_json(indent=2)
+        return search_service(state_of(mcp)).list().model_dump_json()
 
     @gpubox_resource(mcp, "search://indexes/{name}", name="search_index_info")
     def index_info(name: str, ctx: Context) -> str:
         """One code-search index: root, files, chunks, model, size, last indexed, state."""
-        return search_service(app_state(ctx)).info(name).model_dump_json(indent=2)
+        return search_service(app_state(ctx)).info(name).model_dump_json()

@@ -16,7 +16,7 @@ from gpubox import services
 from gpubox.errors import InvalidInputError
 from gpubox.registry import COMPUTE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
-from gpubox.tools.estimate.requests import Method, Optim, TrainingRequest
+from gpubox.tools.estimate.requests import QUOTED_MAX, QUOTED_MIN, Method, Optim, TrainingRequest
 from gpubox.tools.estimate.schemas import (
     GpuCatalog,
     InferenceEstimate,
@@ -73,7 +73,10 @@ def register(mcp: MCPServer[Any]) -> None:
         model: ModelArg,
         weight_format: Annotated[
             str | None,
-            Field(description="e.g. bf16, q8_0, q4_k_m, any GGUF type, nf4, int8; default: the file's, else bf16"),
+            Field(
+                max_length=64,
+                description="e.g. bf16, q8_0, q4_k_m, any GGUF type, nf4, int8; default: the file's, else bf16",
+            ),
         ] = None,
         context_length: Annotated[
             int | None,
@@ -84,7 +87,7 @@ def register(mcp: MCPServer[Any]) -> None:
         gpu: GpuArg = "auto",
         tokens_per_s: Annotated[
             float | None,
-            Field(gt=0, description="A quoted decode speed to check"),
+            Field(ge=QUOTED_MIN, le=QUOTED_MAX, allow_inf_nan=False, description="A quoted decode speed to check"),
         ] = None,
         detail: Annotated[bool, Field(description="Full breakdown for every GPU, not a ranking")] = False,
     ) -> Annotated[CallToolResult, InferenceEstimate]:
@@ -122,13 +125,16 @@ def register(mcp: MCPServer[Any]) -> None:
             Field(description="'device': device profiles"),
         ] = None,
         gpu: Annotated[str | None, Field(description="Catalog GPU id or 'cpu'", max_length=100)] = None,
+        limit: Annotated[int, Field(ge=1, le=200, description="Runs listed, newest first")] = 20,
     ) -> MeasurementList:
         """Measured runs and device profiles that estimates use instead of defaults, newest first."""
         est = estimator(app_state(ctx))
         gpu_id = est.device_spec(gpu).id if gpu else None
-        runs = [] if kind == "device" else est.store.list(kind=kind, gpu=gpu_id)
+        runs = [] if kind == "device" else est.store.list(kind=kind, gpu=gpu_id, limit=limit + 1)
         devices = est.store.devices(gpu=gpu_id) if kind in (None, "device") else []
-        return MeasurementList(measurements=runs, devices=devices, database=str(est.store.path))
+        return MeasurementList(
+            measurements=runs[:limit], more=len(runs) > limit, devices=devices, database=str(est.store.path)
+        )
 
     @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement", more=MEASUREMENT_MORE)
     def estimate_record_measurement(
@@ -139,7 +145,7 @@ def register(mcp: MCPServer[Any]) -> None:
         tokens_per_s: Annotated[float, Field(gt=0, description="Decode or training tok/s")],
         peak_memory_gb: Annotated[float | None, Field(gt=0)] = None,
         prefill_tokens_per_s: Annotated[float | None, Field(gt=0)] = None,
-        weight_format: str | None = None,
+        weight_format: Annotated[str | None, Field(max_length=64)] = None,
         context_length: Annotated[int, Field(ge=0, le=2_097_152, description="Inference only")] = 0,
         method: Method = "qlora",
         max_length: Annotated[int, Field(ge=8, le=1_048_576)] = 512,

@@ -56,6 +56,9 @@ FALLBACK_BLOCK_BITS: dict[str, float] = {
     "q2_k_s": 2.625,
     "mxfp4": 4.25,
 }
+# llama.cpp file types named after a block type with a suffix, for when `gguf` is not installed
+FALLBACK_FILE_TYPES = frozenset({"iq3_xs", "iq3_m", "iq2_m", "mxfp4_moe", *FILE_BITS_PER_WEIGHT})
+NOT_WEIGHT_FORMATS = frozenset({"i8", "i16", "i32", "i64", "f64", "q8_1", "q8_k"})
 # Kept for callers that read the table directly (the inference family's fit plan).
 BITS_PER_WEIGHT = FILE_BITS_PER_WEIGHT
 
@@ -125,17 +128,31 @@ def _block_bits_for(key: str) -> float | None:
     return None
 
 
+@cache
+def file_type_names() -> frozenset[str]:
+    """llama.cpp's whole-file types ('iq3_m', 'mxfp4_moe'), whose size is their base block type's."""
+    g = _gguf()
+    if g is None:
+        return FALLBACK_FILE_TYPES
+    names = {re.sub(r"^(MOSTLY_|ALL_)", "", t.name).lower() for t in g.LlamaFileType}
+    return frozenset(names - {"guessed"})
+
+
+@cache
 def known_formats() -> list[str]:
-    return sorted({*FILE_BITS_PER_WEIGHT, *gguf_block_bits(), *FALLBACK_BLOCK_BITS})
+    """Every weight format costed: the file table, ggml block types and llama.cpp file types, without the
+    block types no weight file is made of (integer tensors, f64, the activation-only q8_1/q8_k)."""
+    names = {*FILE_BITS_PER_WEIGHT, *gguf_block_bits(), *FALLBACK_BLOCK_BITS, *file_type_names()}
+    return sorted(n for n in names - NOT_WEIGHT_FORMATS if _block_bits_for(n) or n in FILE_BITS_PER_WEIGHT)
 
 
 def bits_per_weight(fmt: str) -> float:
     key = _key(fmt)
     if key in FILE_BITS_PER_WEIGHT:
         return FILE_BITS_PER_WEIGHT[key]
-    bits = _block_bits_for(key)
-    if bits is None or key in {"i8", "i16", "i32", "i64", "f64", "q8_1", "q8_k"}:  # not weight file formats
-        raise UnknownNameError("weight format", fmt, known_formats())
+    bits = _block_bits_for(key) if key in known_formats() else None  # a made-up 'q4_k_xxs' is not q4_k
+    if bits is None:
+        raise UnknownNameError("weight format", fmt[:64], known_formats())
     return bits
 
 

@@ -153,7 +153,8 @@ def estimate_on_gpu(
     need = mem.total_gb * GB
     fits = need <= avail
     full = memory(shape, wp, kv_type, shape.max_context, batch)
-    n_layers = shape.layers if fits else gpu_layers(shape, wp, kv_type, context, batch, avail)
+    host = gpu.gpu_class == "cpu"  # host RAM is the device: nothing to offload to
+    n_layers = shape.layers if fits else 0 if host else gpu_layers(shape, wp, kv_type, context, batch, avail)
     offload = "full" if fits else ("partial" if n_layers > 0 else "none")
 
     measured_eff: float | None = None
@@ -198,7 +199,7 @@ def estimate_on_gpu(
         decode_tokens_per_s=round(decode, 2),
         decode_efficiency=round(eff, 4),
         efficiency_source=eff_src,
-        prefill_tokens_per_s=round(prefill, 1),
+        prefill_tokens_per_s=float(f"{prefill:.3g}"),  # 3 significant digits: a CPU's 70B prefill is 0.04
         prefill_mfu=round(prefill_mfu, 3),
         costs_per_million_tokens=costs,
         cheapest_usd_per_million_tokens=min((c.usd for c in costs), default=None),
@@ -217,8 +218,14 @@ def check_quoted(r: InferenceOnGpu, quoted: float, model: str, fmt: str, catalog
             if r.n_gpu_layers
             else "not even one layer fits"
         )
+        # at or below the offloaded speed a quote is what a partial offload gives, not impossible
+        verdict = (
+            "only possible with part of the model in host memory"
+            if (r.n_gpu_layers and quoted <= r.decode_tokens_per_s_ceiling)
+            else "impossible"
+        )
         return (
-            f"{what} is impossible: the model does not fit ({r.memory.total_gb:g} GB needed, "
+            f"{what} is {verdict}: the model does not fit ({r.memory.total_gb:g} GB needed, "
             f"{r.available_gb:g} GB available); {where}."
         )
     if quoted > r.decode_tokens_per_s_ceiling:
@@ -254,3 +261,21 @@ ASSUMPTIONS = [
     f"Prefill = MFU x dense BF16 peak / (2 x params), MFU {PREFILL_MFU} unless calibrated.",
     "Cost per million generated tokens = $/hour / (expected decode tok/s x 3600) x 1e6, at full utilisation.",
 ]
+
+
+VERDICTS = {"does_not_fit": "the model does not fit", "above_bandwidth_ceiling": "above the bandwidth ceiling"}
+
+
+def quoted_summary(results: list[InferenceOnGpu], quoted: float | None, model: str, fmt: str) -> list[str]:
+    """The per-GPU verdicts on a quoted speed as one line for a ranking (43 GPUs gave 43 long warnings)."""
+    by: dict[str, list[str]] = {}
+    for r in results:
+        if r.quoted_verdict in VERDICTS:
+            by.setdefault(r.quoted_verdict, []).append(r.gpu)
+    if not by:
+        return []
+    parts = [
+        f"{VERDICTS[v]} on {len(ids)} GPU(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
+        for v, ids in by.items()
+    ]
+    return [f"{quoted:g} tok/s for {model} {fmt}: {'; '.join(parts)}; detail=true says why on each"]

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpubox.errors import InvalidInputError
+
 Method = Literal["full", "lora", "qlora"]
 # transformers' `optim` names (TrainingArguments.optim) that the planner knows the state size of.
 Optim = Literal[
@@ -25,6 +27,8 @@ Optim = Literal[
     "sgd",
 ]
 Auto = Literal["auto"]
+# a quoted tok/s outside these is a unit slip (an inf or 1e-300 gave non-finite costs)
+QUOTED_MIN, QUOTED_MAX = 1e-3, 1e8
 
 
 class TrainingRequest(BaseModel):
@@ -39,7 +43,7 @@ class TrainingRequest(BaseModel):
     )
     method: Method = Field(default="qlora", description="QLoRA: 4-bit NF4 base")
     weight_format: str | None = Field(
-        default=None, description="qlora: nf4_dq (default) or nf4; else bf16 (default), fp16, fp32"
+        default=None, max_length=64, description="qlora: nf4_dq (default) or nf4; else bf16 (default), fp16, fp32"
     )
     lora_r: int = Field(default=16, ge=1, le=1024)
     lora_alpha: int | None = Field(default=None, ge=1, le=65536, description="Default 2 x lora_r")
@@ -60,8 +64,8 @@ class TrainingRequest(BaseModel):
     optim: Optim = Field(default="paged_adamw_8bit", description="Optimizer")
     bf16: bool | None = Field(default=None, description="Default: where supported")
     fp16: bool | None = Field(default=None)
-    dataset_samples: int | None = Field(default=None, ge=1, description="Training rows")
-    dataset_tokens: int | None = Field(default=None, ge=1, description="Overrides dataset_samples")
+    dataset_samples: int | None = Field(default=None, ge=1, le=10**10, description="Training rows")
+    dataset_tokens: int | None = Field(default=None, ge=1, le=10**15, description="Overrides dataset_samples")
     num_train_epochs: float = Field(default=1.0, gt=0, le=1000)
     max_steps: int | None = Field(default=None, ge=1, le=10_000_000, description="Overrides epochs")
     num_processes: int = Field(default=1, ge=1, le=1024, description="Data-parallel GPUs")
@@ -72,7 +76,13 @@ class TrainingRequest(BaseModel):
         description="'auto', 'local', 'all' or a GPU name, e.g. 'A10'",
     )
     headroom_pct: float = Field(default=15.0, ge=0, le=50, description="Memory kept free, %")
-    tokens_per_s: float | None = Field(default=None, gt=0, description="A quoted throughput to check and use")
+    tokens_per_s: float | None = Field(
+        default=None,
+        ge=QUOTED_MIN,
+        le=QUOTED_MAX,
+        allow_inf_nan=False,
+        description="A quoted throughput to check and use",
+    )
 
     @field_validator("per_device_train_batch_size")
     @classmethod
@@ -87,3 +97,12 @@ class TrainingRequest(BaseModel):
         if isinstance(v, list) and (not v or len(v) > 64 or any(not t or len(t) > 100 for t in v)):
             raise ValueError("give 1 to 64 module names (e.g. ['q_proj', 'v_proj']), 'all-linear' or null")
         return v
+
+
+def check_precision(req: TrainingRequest) -> None:
+    """bf16 and fp16 together: refused by finetune_plan and estimate_training alike."""
+    if req.bf16 and req.fp16:
+        raise InvalidInputError(
+            "bf16=true and fp16=true: a run uses one mixed precision. Keep bf16=true (GPUs from Ampere on, and "
+            "CPUs) or fp16=true (older GPUs), or leave both null to let the worker choose"
+        )

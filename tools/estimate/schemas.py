@@ -158,7 +158,9 @@ class TrainingOnGpu(BaseModel):
     mfu: float
     mfu_source: str
     flops_per_token: float
-    wall_hours: float | None = Field(description="null when neither a dataset size nor max_steps is given")
+    wall_hours: float | None = Field(
+        description="null when nothing fits, or neither a dataset size nor max_steps is given"
+    )
     costs: list[ProviderCost] = Field(description="Empty when the run length is unknown")
     electricity_usd: float | None = Field(description="Local power: TDP x hours x GPUs x $/kWh; null if unknown")
     calibration: str | None = None
@@ -253,5 +255,6 @@ class DeviceProfile(BaseModel):
 
 class MeasurementList(BaseModel):
     measurements: list[Measurement]
+    more: bool = Field(default=False, description="Older runs exist beyond limit")
     devices: list[DeviceProfile] = Field(default_factory=list, description="Measured device profiles (kind 'device')")
     database: str

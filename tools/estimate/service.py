@@ -18,7 +18,7 @@ from gpubox.tools.estimate.catalog import Catalog, GpuSpec, norm
 from gpubox.tools.estimate.formats import kv_bytes, normalise_format
 from gpubox.tools.estimate.modelinfo import ResolvedModel, resolve_model, summary
 from gpubox.tools.estimate.rankings import RANKING_NOTE, ranking
-from gpubox.tools.estimate.requests import TrainingRequest
+from gpubox.tools.estimate.requests import TrainingRequest, check_precision
 from gpubox.tools.estimate.schemas import (
     DeviceProfile,
     GpuCatalog,
@@ -96,6 +96,7 @@ class Estimator:
         exact = rm.weight_bytes if rm.weight_format == fmt else None
         wp = inf.weight_plan(shape, fmt, exact)
         warnings: list[str] = []
+        quoted: list[str] = []  # a quoted speed's verdict per GPU
         ctx = context_length or min(shape.max_context, DEFAULT_CONTEXT)
         if ctx > shape.max_context:
             raise InvalidInputError(
@@ -119,7 +120,7 @@ class Estimator:
             )
             r.spec_source = t.source
             if tokens_per_s is not None and (why := inf.check_quoted(r, tokens_per_s, shape.id, fmt, self.catalog)):
-                warnings.append(why)
+                quoted.append(why)
             results.append(r)
         if len(results) > 1:
             results.sort(
@@ -129,8 +130,9 @@ class Estimator:
                     -r.decode_tokens_per_s,
                 )
             )
-        warnings += self.ignored("inference", targets)
         compact = not detail and len(results) > 1
+        warnings += inf.quoted_summary(results, tokens_per_s, shape.id, fmt) if compact and len(quoted) > 3 else quoted
+        warnings += self.ignored("inference", targets)
         assumptions = [n for t in targets for n in t.notes] + ([RANKING_NOTE] if compact else list(inf.ASSUMPTIONS))
         if context_length is None:
             assumptions.insert(
@@ -163,6 +165,7 @@ class Estimator:
     def training(self, req: TrainingRequest, detail: bool = True) -> TrainingEstimate:
         """Memory plan, micro-batch and (when the run length is known) time and cost of `req` on each device;
         several devices without `detail` come as a ranking."""
+        check_precision(req)
         return training_estimate.estimate(self, req, detail)
 
     def ignored(self, kind: str, targets: list[Target]) -> list[str]:
@@ -173,9 +176,12 @@ class Estimator:
     # --- catalog and calibrations --------------------------------------------------------------
     def gpu_catalog(self, name_contains: str | None = None, detail: bool = True) -> GpuCatalog:
         """The GPU catalog; without `detail`, one row per GPU with its cheapest price."""
+        needle = name_contains.strip().lower() if name_contains is not None else ""
+        if name_contains is not None and not needle:  # ' ' matched every entry through the joining space
+            raise InvalidInputError("name_contains is blank; give part of a GPU name (e.g. 'H100') or leave it out")
         entries = []
         for g in self.catalog.gpus.values():
-            if name_contains and name_contains.lower() not in (g.id + " " + g.name).lower():
+            if needle and needle not in g.id.lower() and needle not in g.name.lower():
                 continue
             prices = self.catalog.costs(g.id, lambda hourly: hourly)
             entries.append(

@@ -304,7 +304,9 @@ def plan_on_gpu(
     fpt = flops_per_token(shape, p)
     peak = gpu.bf16_tflops * 1e12  # FP16 tensor rate on GPUs without BF16 (T4, V100): same column
     tps = run.tokens_per_s_override or mfu * peak * run.gpu_count / fpt
-    hours = _wall_hours(run, global_batch, p.seq_len, tps)
+    hours = (
+        _wall_hours(run, global_batch, p.seq_len, tps) if chosen else None
+    )  # no time or price for a run that cannot start
     gpu_count = run.gpu_count
     costs = catalog.costs(gpu.id, lambda hourly: round(hourly * hours * gpu_count, 2)) if hours is not None else []
     return TrainingOnGpu(

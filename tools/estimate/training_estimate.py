@@ -117,6 +117,10 @@ def _plan_devices(
             why := training_notes.plausibility(req.tokens_per_s, shape, plan, t.spec, req.num_processes)
         ):
             warnings.append(why)
+        if req.bf16 and not t.spec.bf16_supported and t.spec.id != "cpu":
+            warnings.append(
+                f"{t.spec.id} has no bf16 arithmetic (its catalog entry): bf16=true does not run there; use fp16=true"
+            )
         # a GPU is planned on its real memory; the CPU on the RAM available now
         vram = t.available_gb if t.spec.id == "cpu" else t.total_gb
         r = tr.plan_on_gpu(
@@ -124,6 +128,13 @@ def _plan_devices(
         )
         r.spec_source = t.source
         results.append(r)
+    if results and all(r.micro_batch is None for r in results):
+        least = min(results, key=lambda r: r.memory.total_gb)
+        warnings.append(
+            f"it fits on none of these devices, even at micro-batch 1 ({least.memory.total_gb:g} GB needed on "
+            f"{least.gpu}, {least.safe_limit_gb:g} GB usable), so no time or cost is given; try method='qlora', a "
+            "shorter max_length, gradient checkpointing or a larger GPU"
+        )
     if len(results) > 1:
         results.sort(
             key=lambda r: (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError
 from gpubox.paths import resolve_inside
+from gpubox.tools.estimate.requests import check_precision
 from gpubox.tools.finetune import data
 from gpubox.tools.finetune.base import hf_ready
 from gpubox.tools.finetune.schemas import FORMATS_FOR, DatasetSummary, FinetuneRequest, ResolvedBase
@@ -30,11 +31,7 @@ CPU_MICRO_BATCH = 4  # CPU training is compute-bound long before RAM runs out; 4
 
 def check_request(req: FinetuneRequest) -> None:
     """Refuse settings that cannot run together, before any file is read."""
-    if req.bf16 and req.fp16:
-        raise InvalidInputError(
-            "bf16=true and fp16=true: a run uses one mixed precision. Keep bf16=true (GPUs from Ampere on, and "
-            "CPUs) or fp16=true (older GPUs), or leave both null to let the worker choose"
-        )
+    check_precision(req)
     allowed = FORMATS_FOR[req.method]
     if req.weight_format is not None and req.weight_format not in allowed:
         raise InvalidInputError(
