@@ -66,3 +66,31 @@ def _params() -> list[object]:
 @pytest.mark.parametrize("row", _params())
 def test_every_check_row_is_within_25_percent(row: dict[str, object]) -> None:
     assert abs(float(str(row["error"]))) <= 0.25
+
+
+prefill = _load("prefill")
+
+
+def test_prefill_rows_follow_their_split_rule_and_the_shipped_constants_are_their_fit() -> None:
+    """bench/estimator_eval/prefill.py: the split was fixed before the fit; the package's prefill MFU per GPU class
+    is what the fit rows give, so a changed row or constant shows here."""
+    from gpubox.tools.estimate.inference import PREFILL_MFU_BY_CLASS, PREFILL_QUANTISED
+
+    rows = prefill.load()
+    rule = prefill.split_of(rows)
+    assert len(rows) >= 30 and all(rule[f"{r['gpu']}|{r['model']}|{r['quant']}"] == r["split"] for r in rows)
+    per_class, quantised = prefill.fit(rows)
+    assert per_class == PREFILL_MFU_BY_CLASS and quantised == PREFILL_QUANTISED
+
+
+def test_prefill_check_rows_are_closer_than_the_single_constant_it_replaced() -> None:
+    from gpubox.tools.estimate.catalog import package_catalog
+    from gpubox.tools.estimate.inference import prefill_mfu
+
+    cat, errors = package_catalog(), []
+    for r in prefill.load():
+        if r["split"] != "check" or (r["gpu"], r["model"], r["quant"]) in prefill.OUTLIERS:
+            continue
+        gpu, params = cat.gpu(r["gpu"]), cat.models[r["model"]].params()
+        errors.append(prefill_mfu(gpu, r["quant"]) * gpu.bf16_tflops * 1e12 / (2 * params) / float(r["pp_tok_s"]) - 1)
+    assert statistics.median(abs(e) for e in errors) < 0.15 and max(abs(e) for e in errors) < 0.4, errors

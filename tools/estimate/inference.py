@@ -22,7 +22,34 @@ from gpubox.tools.estimate.schemas import (
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 0.45  # CUDA context + cuBLAS workspace: 0.3-0.5 GB (PyTorch 'CUDA semantics' notes)
 N_UBATCH = 512  # llama.cpp default physical batch
-PREFILL_MFU = 0.25  # llama.cpp pp512 reaches ~15-35% of dense peak on datacenter GPUs; calibrate per GPU
+PREFILL_MFU = 0.25  # a class without published prefill rows (the CPU); a calibration replaces it
+# llama.cpp prefill as a share of the catalog's dense BF16 peak, per GPU class, and the factor for quantised
+# weights: fitted to published runs (bench/estimator_eval/prefill.py; a GeForce's FP16-accumulate rate is twice
+# the catalog's figure, hence ~1)
+PREFILL_MFU_BY_CLASS = {
+    "apple": 0.687,
+    "consumer-gddr": 1.036,
+    "datacenter-gddr": 0.289,
+    "datacenter-hbm": 0.373,
+    "datacenter-hbm-fast": 0.219,
+    "workstation-gddr": 0.475,
+}
+PREFILL_QUANTISED = 0.844
+
+
+FAST_HBM_TFLOPS = 500.0  # Hopper and later: llama.cpp reaches a smaller share of their far higher peak
+
+
+def prefill_group(gpu: GpuSpec) -> str:
+    """The GPU class, with Hopper-and-later HBM parts apart: the fit rows show the H100 at 0.22 of its peak,
+    the A100s at 0.30-0.36 (bench/estimator_eval/prefill.py)."""
+    fast = gpu.gpu_class == "datacenter-hbm" and gpu.bf16_tflops >= FAST_HBM_TFLOPS
+    return "datacenter-hbm-fast" if fast else gpu.gpu_class
+
+
+def prefill_mfu(gpu: GpuSpec, fmt: str) -> float:
+    quantised = fmt not in ("f16", "bf16", "f32")
+    return PREFILL_MFU_BY_CLASS.get(prefill_group(gpu), PREFILL_MFU) * (PREFILL_QUANTISED if quantised else 1.0)
 
 
 @dataclass
@@ -159,7 +186,7 @@ def estimate_on_gpu(
 
     measured_eff: float | None = None
     eff_src = decode_model.source_text(decode_model.costs_for(gpu.gpu_class))
-    prefill_mfu = PREFILL_MFU
+    mfu = prefill_mfu(gpu, wp.fmt)
     if store is not None:
         m = store.best("inference", gpu.id, "decode_efficiency", params=shape.params(), spec=gpu)
         if m is not None and m.decode_efficiency:
@@ -167,12 +194,12 @@ def estimate_on_gpu(
             eff_src = f"measured: run #{m.id} ({m.model}, {m.created_at[:10]})"
         p = store.best("inference", gpu.id, "prefill_tokens_per_s", params=shape.params(), spec=gpu)
         if p is not None and p.prefill_tokens_per_s and p.params:
-            prefill_mfu = min(1.0, p.prefill_tokens_per_s * 2 * p.params / (gpu.bf16_tflops * 1e12))
+            mfu = min(2.0, p.prefill_tokens_per_s * 2 * p.params / (gpu.bf16_tflops * 1e12))  # GeForce: ~0.9
 
     ceiling, decode = decode_speed(shape, wp, gpu, context, batch, kv_type, n_layers, host_bandwidth_gbs, measured_eff)
     eff = decode / ceiling
     frac_gpu = n_layers / shape.layers
-    prefill = prefill_mfu * gpu.bf16_tflops * 1e12 / (2 * shape.params())
+    prefill = mfu * gpu.bf16_tflops * 1e12 / (2 * shape.params())
     if n_layers < shape.layers:  # CPU layers run the prompt at host speed too
         prefill *= max(frac_gpu, 0.05)
 
@@ -200,7 +227,7 @@ def estimate_on_gpu(
         decode_efficiency=round(eff, 4),
         efficiency_source=eff_src,
         prefill_tokens_per_s=float(f"{prefill:.3g}"),  # 3 significant digits: a CPU's 70B prefill is 0.04
-        prefill_mfu=round(prefill_mfu, 3),
+        prefill_mfu=round(mfu, 3),
         costs_per_million_tokens=costs,
         cheapest_usd_per_million_tokens=min((c.usd for c in costs), default=None),
     )
@@ -258,7 +285,10 @@ ASSUMPTIONS = [
     "GPU-Benchmarks-on-LLM-Inference, github.com/ggml-org/llama.cpp/discussions/4167); a measured calibration "
     "for this GPU replaces it (expected = ceiling x measured efficiency). Partially offloaded layers read at "
     "50 GB/s.",
-    f"Prefill = MFU x dense BF16 peak / (2 x params), MFU {PREFILL_MFU} unless calibrated.",
+    "Prefill = MFU x dense BF16 peak / (2 x params), MFU per GPU class fitted to published llama.cpp prompt-eval "
+    "runs (github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference; x 0.84 for quantised weights; a GeForce card "
+    f"comes out near 1, its FP16-accumulate rate being twice the dense BF16 figure), {PREFILL_MFU} on a CPU, "
+    "unless calibrated.",
     "Cost per million generated tokens = $/hour / (expected decode tok/s x 3600) x 1e6, at full utilisation.",
 ]
 
