@@ -104,3 +104,14 @@ async def test_calibrations_are_listed_newest_first_up_to_a_limit(client: Client
     text = (await client.read_resource("estimate://gpus")).contents[0]
     raw = getattr(text, "text", "")
     assert "\n" not in raw and json.loads(raw)["gpus"]  # compact, as tool results are
+
+
+async def test_a_training_measurement_below_its_own_static_memory_or_with_no_targets_is_refused(client: Client) -> None:
+    """Both were stored: the first without an activation factor, as if measured; the second where
+    estimate_training refuses an empty target list."""
+    run = {"kind": "training", "gpu": "H100-SXM", "model": L8, "tokens_per_s": 3000}
+    low = await call_err(client, "estimate_record_measurement", **run, peak_memory_gb=5.0)
+    assert "below the" in low and "before any activation" in low and "Nothing was stored" in low, low
+    empty = await call_err(client, "estimate_record_measurement", **run, more={"lora_target_modules": []})
+    assert "lora_target_modules is an empty list" in empty
+    assert (await call_ok(client, "estimate_calibrations", kind="training"))["measurements"] == []

@@ -113,6 +113,10 @@ def lora_targets(modules: list[str] | str | None, method: Method) -> list[str]:
     """peft target_modules -> projection names; 'all-linear' (or none given) is every projection."""
     if method == "full":
         return []
+    if isinstance(modules, list) and not modules:
+        raise InvalidInputError(
+            "lora_target_modules is an empty list; name modules (e.g. ['q_proj', 'v_proj']) or leave it null"
+        )
     if modules is None or modules == "all-linear" or modules == ["all-linear"]:
         return list(ALL_LINEAR)
     if isinstance(modules, str):
@@ -374,7 +378,11 @@ def _wall_hours(run: RunInput, global_batch: int | None, seq_len: int, tokens_pe
 def measured_activation_factor(
     shape: ModelShape, plan: TrainingPlanInput, micro_batch: int, peak_gb: float
 ) -> float | None:
-    static = resident(static_memory(shape, plan), plan) + TRAINING_OVERHEAD_GB * 1e9
     acts, logits = activation_bytes(shape, plan, micro_batch, plan.gradient_checkpointing)
-    factor = (peak_gb * 1e9 - static) / (acts + logits)
+    factor = (peak_gb * 1e9 - static_bytes(shape, plan)) / (acts + logits)
     return factor if factor > 0 else None
+
+
+def static_bytes(shape: ModelShape, plan: TrainingPlanInput) -> float:
+    """What a run holds before any activation: weights, adapter, gradients, optimizer state, runtime."""
+    return resident(static_memory(shape, plan), plan) + TRAINING_OVERHEAD_GB * 1e9
