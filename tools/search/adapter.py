@@ -15,7 +15,7 @@ from gpubox.state import AppState
 from gpubox.tools.search.schemas import DropResult, IndexList, IndexResult, SearchResults
 from gpubox.tools.search.service import SearchService
 
-IndexName = Annotated[str | None, Field(description="Default: the only index, or the directory name")]
+IndexName = Annotated[str | None, Field(max_length=200, description="Default: the only index, or the directory name")]
 Globs = Annotated[list[str] | None, Field(description="Globs relative to the root", max_length=50)]
 
 
@@ -67,8 +67,8 @@ def register(mcp: MCPServer[Any]) -> None:
         index: IndexName = None,
         k: Annotated[int, Field(ge=1, le=100, description="Hits per page")] = 10,
         offset: Annotated[int, Field(ge=0, le=10_000)] = 0,
-        path_glob: Annotated[str | None, Field(description="e.g. 'src/*.py'")] = None,
-        language: Annotated[str | None, Field(description="e.g. 'python'")] = None,
+        path_glob: Annotated[str | None, Field(max_length=1000, description="e.g. 'src/*.py'")] = None,
+        language: Annotated[str | None, Field(max_length=64, description="e.g. 'python'")] = None,
         mode: Literal["hybrid", "vector", "lexical"] = "hybrid",
         snippet_chars: Annotated[int, Field(ge=80, le=20_000)] = 800,
     ) -> SearchResults:

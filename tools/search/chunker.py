@@ -262,8 +262,11 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
                 stack.extend(reversed(n.named_children))
         return merge_clauses(found) if language in MERGE_CLAUSES else found
 
-    for top in _symbol_children(tree.root_node):
-        emit(top, None)
+    try:
+        for top in _symbol_children(tree.root_node):
+            emit(top, None)
+    except RecursionError:  # ~1,000 nested namespaces or classes failed the whole index: this file as windows
+        return windows(lines, 0, len(lines), None, "window")
 
     # module-level code between symbols (imports, constants, scripts) as windows
     i = 0

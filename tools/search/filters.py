@@ -5,6 +5,8 @@ leave nothing of the index (a misspelt language or a glob written from another f
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 
 from gpubox.errors import InvalidInputError, UnknownNameError
 from gpubox.tools.search.store import IndexStore
@@ -36,8 +38,23 @@ def relative_glob(path_glob: str, root: str | None) -> str:
 
 
 def matches(path: str, glob: str) -> bool:
-    """fnmatch, with a leading '**/' also matching no folder ('**/setup.py' finds the top-level one too)."""
-    return fnmatch.fnmatch(path, glob) or (glob.startswith("**/") and fnmatch.fnmatch(path, glob[3:]))
+    """fnmatch, with '**/' also matching no folder, as in git and ripgrep: '**/setup.py' finds the top-level one,
+    'src/**/*.py' finds src/a.py (it found only deeper files). Up to four '/**/' are tried both ways."""
+    return any(fnmatch.fnmatch(path, g) for g in _variants(glob))
+
+
+@functools.lru_cache(maxsize=256)
+def _variants(glob: str) -> tuple[str, ...]:
+    heads = [glob, glob[3:]] if glob.startswith("**/") else [glob]
+    out: list[str] = []
+    for head in heads:
+        parts = head.split("/**/")
+        if len(parts) > 5:  # 2**k variants: past four, as written
+            out.append(head)
+            continue
+        for mask in itertools.product(("/**/", "/"), repeat=len(parts) - 1):
+            out.append(parts[0] + "".join(sep + part for sep, part in zip(mask, parts[1:], strict=True)))
+    return tuple(dict.fromkeys(out))
 
 
 def allowed(store: IndexStore, path_glob: str | None, language: str | None) -> list[int] | None:
@@ -63,5 +80,6 @@ def allowed(store: IndexStore, path_glob: str | None, language: str | None) -> l
         raise InvalidInputError(
             f"path_glob '{path_glob}' matches no file of index '{name}'{scope}; paths are relative to the index "
             f"root, e.g. '{example}' ('*' also crosses '/': 'src/*.py' matches src/a/b.py)"
+            + ("; braces ('{a,b}') are not expanded: one call per alternative, or a wider glob" if "{" in glob else "")
         )
     return keep

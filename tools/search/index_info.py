@@ -59,6 +59,15 @@ def unbuilt(name: str, job: Progress) -> IndexInfo:
     )
 
 
+def damaged(name: str, exc: Exception) -> IndexInfo:
+    """An index whose database cannot be read (DamagedIndexError's text says what to do)."""
+    error = str(exc) if "search_drop" in str(exc) else f"index '{name}' is damaged ({exc}); search_drop it"
+    return IndexInfo(
+        name=name, root=None, files=0, chunks=0, model=None, dim=None, size_bytes=0, last_indexed=None,
+        state="damaged", error=error,
+    )  # fmt: skip
+
+
 def describe(name: str, store: IndexStore, job: Progress | None, adapter: str | None) -> IndexInfo:
     running = job is not None and job.finished is None
     meta = store.meta()

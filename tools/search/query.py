@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from gpubox.tools.search.query_kind import QueryProfile, classify
 from gpubox.tools.search.rank import DEFAULT, RankConfig, fuse, rerank
 from gpubox.tools.search.store import QUALIFIER, IndexStore, last_part, split_identifiers
 
-WORD = re.compile(r"[A-Za-z0-9_]+")
+WORD = re.compile(r"\w+")  # any script's letters: [A-Za-z0-9_] cut 'café' to 'caf' and dropped 'größe' whole
 COMPOUND_KINDS = ("class", "struct", "interface", "type", "enum", "trait", "module", "impl")
 
 
@@ -39,8 +40,14 @@ def lexical_budget(store: IndexStore) -> int:
     return LEXICAL_BUDGET
 
 
+def fold(word: str) -> str:
+    """A word as FTS5's unicode61 tokenizer stores it: lower case, diacritics removed ('Größe' -> 'große'), so the
+    vocabulary lookups find it."""
+    return "".join(c for c in unicodedata.normalize("NFD", word.lower()) if not unicodedata.combining(c))
+
+
 def _fts_words(text: str, drop_stopwords: bool = True) -> list[str]:
-    words = {w.lower() for w in WORD.findall(text)} | set(split_identifiers(text).split())
+    words = {fold(w) for w in WORD.findall(text)} | set(split_identifiers(text).split())
     # English glue words match nearly every chunk: they only add noise to BM25's OR query
     return sorted(w for w in words if len(w) > 1 and not (drop_stopwords and w in STOPWORDS))
 

@@ -8,9 +8,11 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from gpubox.errors import BusyError, InvalidInputError
+from gpubox.filelock import try_exclusive
 from gpubox.tools.search.schemas import IndexProgress, IndexState
 
 
@@ -113,3 +115,23 @@ def unfinished_run(meta: dict[str, Any]) -> tuple[IndexState, IndexProgress, str
         f"committed ({progress.chunks_embedded}/{progress.chunks_to_embed} chunks embedded); the index keeps those. "
         "Call search_index again to resume from there.",
     )
+
+
+def run_lock_of(base: Path, name: str, then: str = "search it") -> IO[str]:
+    """The index's lock for a run (or a drop), across every gpubox server on the box: two servers indexing one
+    index at once stored every chunk twice, for good."""
+    held = try_exclusive(base / name / "run.lock")
+    if held is None:
+        raise BusyError(
+            f"index '{name}' is being built by another gpubox server on this box; {then} when that run ends"
+        )
+    return held
+
+
+def built_elsewhere(base: Path, name: str) -> bool:
+    """Whether another server's run holds the index's lock now (a server's own runs are in its jobs)."""
+    try:
+        run_lock_of(base, name).close()
+    except BusyError:
+        return True
+    return False

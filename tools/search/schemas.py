@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-IndexState = Literal["ready", "indexing", "failed", "empty", "interrupted"]
+IndexState = Literal["ready", "indexing", "failed", "empty", "interrupted", "damaged"]
 
 
 class IndexProgress(BaseModel):
@@ -81,7 +81,7 @@ class IndexInfo(BaseModel):
     last_indexed: str | None
     state: IndexState = Field(
         description="interrupted: the last run stopped (process killed) after committing some batches; "
-        "search_index resumes it"
+        "search_index resumes it. damaged: its files cannot be read; search_drop it"
     )
     progress: IndexProgress | None = None
     error: str | None = None

@@ -11,10 +11,9 @@ import time
 import unicodedata
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from gpubox.errors import BusyError, GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
-from gpubox.filelock import try_exclusive
+from gpubox.errors import GpuboxError, InvalidInputError, NotFoundError, UnknownNameError
 from gpubox.paths import resolve_inside as resolve_root
 from gpubox.settings import Settings
 from gpubox.tools.box.capacity import own_usage
@@ -31,7 +30,9 @@ from gpubox.tools.search.runstate import (
     IndexReport,
     NothingToIndex,
     Progress,
+    built_elsewhere,
     ensure_not_running,
+    run_lock_of,
     unfinished_run,
 )
 from gpubox.tools.search.schemas import (
@@ -42,7 +43,7 @@ from gpubox.tools.search.schemas import (
     SearchHit,
     SearchResults,
 )
-from gpubox.tools.search.store import IndexStore
+from gpubox.tools.search.store import DamagedIndexError, IndexStore, folder_bytes
 from gpubox.tools.search.walker import WalkOptions, walk
 
 log = logging.getLogger("gpubox.search")
@@ -150,7 +151,7 @@ class SearchService:
         run_lock = None
         try:
             store = self.store(name, create=True)
-            run_lock = self._run_lock(name)
+            run_lock = run_lock_of(self.base, name)
         except BaseException:
             self.ledger.release(owner)
             with self._lock:
@@ -254,13 +255,13 @@ class SearchService:
             return cached[1]
         faiss_file = meta.get("faiss_file")
         path = store.dir / faiss_file if faiss_file else None
-        if path is None or not path.is_file():
-            ids, blob = store.all_vectors(store.connect())  # self-heal from the vectors in SQLite
-            index = vectors.build(
-                ids, blob, int(meta.get("dim") or self.embedder.dimension()), self.settings.search_ann_threshold
-            )
-        else:
-            index = vectors.load(path.read_bytes())
+
+        def rebuilt() -> Any:  # self-heal from the vectors in SQLite
+            ids, blob = store.all_vectors(store.connect())
+            dim = int(meta.get("dim") or self.embedder.dimension())
+            return vectors.build(ids, blob, dim, self.settings.search_ann_threshold)
+
+        index = vectors.load_or(path, rebuilt) if path is not None and path.is_file() else rebuilt()
         self._faiss[name] = (gen, index)
         return index
 
@@ -284,7 +285,7 @@ class SearchService:
             job = self._jobs.get(name)
             if job and job.finished is None:
                 state = job.message()
-            elif self._built_elsewhere(name):
+            elif built_elsewhere(self.base, name):
                 state = "another gpubox server on this box is building it"
             else:
                 state = "the last indexing run was interrupted" if unfinished_run(meta) else "not built"
@@ -348,25 +349,13 @@ class SearchService:
         with self._lock:
             jobs = set(self._jobs)
         names = sorted(set(self.names()) | jobs)
-        return IndexList(indexes=[self.info(n) for n in names])
+        return IndexList(indexes=[self._listed(n) for n in names])
 
-    def _run_lock(self, name: str, then: str = "search it") -> IO[str]:
-        """The index's lock for a run (or a drop), across every gpubox server on the box: two servers indexing one
-        index at once stored every chunk twice, for good."""
-        held = try_exclusive(self.base / name / "run.lock")
-        if held is None:
-            raise BusyError(
-                f"index '{name}' is being built by another gpubox server on this box; {then} when that run ends"
-            )
-        return held
-
-    def _built_elsewhere(self, name: str) -> bool:
-        """Whether another server's run holds the index's lock now (this server's runs are in _jobs)."""
+    def _listed(self, name: str) -> IndexInfo:
         try:
-            self._run_lock(name).close()
-        except BusyError:
-            return True
-        return False
+            return self.info(name)
+        except (DamagedIndexError, sqlite3.DatabaseError) as exc:  # one damaged index hid every other one
+            return index_info.damaged(name, exc)
 
     def drop(self, name: str) -> DropResult:
         with self._lock:  # checked, forgotten and moved aside at once: no search can open it again meanwhile
@@ -377,20 +366,27 @@ class SearchService:
                 del self._jobs[name]  # a first run that failed before committing anything: only its report
                 return DropResult(name=name, dropped=True, freed_bytes=0)
             ensure_not_running(self._jobs.get(name), name, ": it is not dropped while the run goes on")
-            run_lock = self._run_lock(name, "drop it")  # not while another server builds it; held until moved
+            run_lock = run_lock_of(self.base, name, "drop it")  # not while another server builds it; held until moved
             try:
-                store = self._stores.pop(name, None) or IndexStore(self.base / name)
+                store = self._stores.pop(name, None) or self._openable(name)
                 self._faiss.pop(name, None)
                 self._jobs.pop(name, None)
                 self._pages.forget(name)
-                size = store.size_bytes()
-                store.retire()  # searches still running end on their own connections
+                size = folder_bytes(self.base / name)
+                if store is not None:
+                    store.retire()  # searches still running end on their own connections
                 trash = self.base / f"{name}{DROPPED}{uuid.uuid4().hex[:8]}"
                 (self.base / name).rename(trash)  # atomic: the name is free for a new index at once
             finally:
                 run_lock.close()
         shutil.rmtree(trash, ignore_errors=True)
         return DropResult(name=name, dropped=True, freed_bytes=size)
+
+    def _openable(self, name: str) -> IndexStore | None:
+        try:
+            return IndexStore(self.base / name)
+        except DamagedIndexError:  # it cannot be opened, so it is dropped as files
+            return None
 
     def close(self) -> None:
         for job in self._jobs.values():

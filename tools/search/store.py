@@ -88,13 +88,17 @@ class IndexStore:
         self._open: set[sqlite3.Connection] = set()
         self._open_lock = threading.Lock()
         self._retired = False  # dropped: no new connection (see retire)
-        with self.connect() as db:
-            db.executescript(SCHEMA)
-            # which index this is, beyond its name: caches keyed by it never serve a dropped index's data to a
-            # new one of the same name (both may be at generation 1)
-            db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('index_id', ?)", (json.dumps(uuid.uuid4().hex),)
-            )
+        try:
+            with self.connect() as db:
+                db.executescript(SCHEMA)
+                # which index this is, beyond its name: caches keyed by it never serve a dropped index's data to a
+                # new one of the same name (both may be at generation 1)
+                db.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('index_id', ?)", (json.dumps(uuid.uuid4().hex),)
+                )
+        except sqlite3.DatabaseError as exc:  # not a database (a damaged disk, a file written over)
+            self.close()
+            raise DamagedIndexError(directory.name, exc) from exc
         held = try_exclusive(directory / "run.lock")  # no sweep under a run (another server's new FAISS file)
         if held is not None:
             try:
@@ -243,7 +247,21 @@ class IndexStore:
                 f.unlink(missing_ok=True)
 
     def size_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.dir.iterdir() if f.is_file())
+        return folder_bytes(self.dir)
+
+
+class DamagedIndexError(NotFoundError):
+    """An index whose database cannot be read: listed as damaged, dropped without opening it."""
+
+    def __init__(self, name: str, exc: Exception) -> None:
+        super().__init__(
+            f"index '{name}' is damaged: its index.sqlite cannot be read ({exc}); search_drop name='{name}' "
+            "removes it, then search_index builds it again"
+        )
+
+
+def folder_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
 
 def fsync_write(path: Path, data: bytes) -> None:

@@ -11,9 +11,14 @@ exact fp16 21.9 ms a query, two-pass 4.1 ms with the same top 10 and 99.3% of th
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpubox.extras import require
+
+log = logging.getLogger("gpubox.search")
 
 # A query streams every vector of an exact index: at 20k x 384 fp16 that is ~4 ms on one core; past it the scan
 # dominates a search's latency, so larger indexes scan 8x smaller codes first.
@@ -68,6 +73,16 @@ def build(ids: list[int], blob: bytes, dim: int, ann_threshold: int, exact_max: 
 
 def serialize(index: Any) -> bytes:
     return bytes(_faiss().serialize_index(index))
+
+
+def load_or(path: Path, rebuilt: Callable[[], Any]) -> Any:
+    """The index in `path`, or `rebuilt()` when the file cannot be read back (a truncated or damaged file failed
+    every vector search, and the next index run found nothing to change)."""
+    try:
+        return load(path.read_bytes())
+    except (OSError, RuntimeError, ValueError) as exc:  # faiss raises RuntimeError on a bad stream
+        log.warning("%s cannot be read (%s); vectors rebuilt from the index database", path, exc)
+        return rebuilt()
 
 
 def load(data: bytes) -> Any:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpubox.paths import read_inside
+from gpubox.tools.search.gitignore import enclosing_specs, gitignore_spec
 
 EXCLUDED_DIRS = {
     ".git",
@@ -176,11 +177,10 @@ _CPP_MARKERS = re.compile(
 )
 # Limits on what a tree may make the walk do: the walk holds the GIL in re and pathspec's matchers
 MAX_DEPTH = 64  # folders below the root (os.walk recurses; ~1,000 levels raised RecursionError)
-# `*a*a*...*b` backtracks in pathspec's regex about name-length ** stars (8 stars: minutes on a 120-character name)
-MAX_IGNORE_STARS, MAX_IGNORE_LINE = 3, 256  # single `*`s (each `**` is one path wildcard); no real rule has more
 # minified: a line over 4,000 bytes and fewer than 16 line breaks in a file's first 8 KB (each symbol's chunk held the
 # whole line); one long line among ordinary ones (an inline SVG, a string table) does not count
 MINIFIED_LINE, MINIFIED_BREAKS = 4000, 16
+HUGE_LINE = 100_000  # a line this long anywhere (data, not code): the file is skipped
 _IF = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b(.*)$", re.MULTILINE)
 
 
@@ -248,23 +248,7 @@ def without_comments(text: str) -> str:
             i = end
 
 
-def _gitignore_spec(root: Path, rel_dir: str) -> object | None:
-    # read without following links: a .gitignore symlinked to a file outside the roots is ignored, so its
-    # content (and whether it exists) never shows through what gets excluded
-    data = read_inside(root, f"{rel_dir}/.gitignore" if rel_dir else ".gitignore", limit=1_000_000)
-    if data is None:
-        return None
-    import pathspec
-
-    lines = [
-        line
-        for line in data.decode("utf-8", errors="replace").splitlines()
-        if len(line) <= MAX_IGNORE_LINE and line.replace("**", "").count("*") <= MAX_IGNORE_STARS
-    ]
-    return pathspec.GitIgnoreSpec.from_lines(lines)
-
-
-def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
+def _looks_binary_or_generated(root: Path, rel: str, size: int) -> str | None:
     head = read_inside(root, rel, limit=8192)
     if head is None:
         return "unreadable"
@@ -275,7 +259,24 @@ def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
         return "generated"
     if head.count(b"\n") < MINIFIED_BREAKS and max(map(len, head.split(b"\n"))) >= MINIFIED_LINE:
         return "minified (lines over 4,000 characters)"
+    if size > HUGE_LINE and _longest_line(read_inside(root, rel) or b"") > HUGE_LINE:
+        return f"a line over {HUGE_LINE:,} characters"  # one 20 MB line after ordinary ones was one 20 MB chunk
     return None
+
+
+def _longest_line(data: bytes) -> int:
+    longest, start = 0, 0
+    while (end := data.find(b"\n", start)) != -1:
+        longest, start = max(longest, end - start), end + 1
+    return max(longest, len(data) - start)
+
+
+def _is_link(path: Path) -> bool | None:
+    """A symlink (True); None when it cannot even be looked at (a path over the system's 4,096 bytes)."""
+    try:
+        return path.is_symlink()
+    except OSError:
+        return None
 
 
 def _utf8(rel: str) -> bool:
@@ -290,7 +291,8 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
     """Files to index under `root` (resolved, inside the allowed roots) and why others were skipped."""
     excluded: Counter[str] = Counter()
     files: list[tuple[str, str]] = []
-    specs: list[tuple[Path, object]] = []  # (directory, its .gitignore spec), nested rules apply below their dir
+    # (directory, its .gitignore spec): nested rules apply below their dir, those above the root to all of it
+    specs: list[tuple[Path, object]] = enclosing_specs(root) if not (root / ".git").exists() else []
 
     def ignored(rel_to: Path, is_dir: bool) -> bool:
         for base, spec in specs:
@@ -302,13 +304,16 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
                 return True
         return False
 
-    for dirpath_s, dirnames, filenames in os.walk(root, followlinks=False):
+    def unreadable(_exc: OSError) -> None:  # a folder os.walk cannot list was skipped without a count
+        excluded["unreadable folder"] += 1
+
+    for dirpath_s, dirnames, filenames in os.walk(root, followlinks=False, onerror=unreadable):
         dirpath = Path(dirpath_s)
         rel_dir = dirpath.relative_to(root).as_posix()
         if rel_dir != "." and rel_dir.count("/") + 1 >= MAX_DEPTH:
             excluded[f"deeper than {MAX_DEPTH} folders"] += len(dirnames)
             dirnames[:] = []
-        spec = _gitignore_spec(root, "" if rel_dir == "." else rel_dir)
+        spec = gitignore_spec(root, "" if rel_dir == "." else rel_dir)
         if spec is not None:
             specs.append((dirpath, spec))
         keep = []
@@ -318,7 +323,9 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
                 excluded[f"default-excluded directory ({d})"] += 1
             elif _build_output(d, filenames, dirnames):
                 excluded[f"build output ({d})"] += 1
-            elif full.is_symlink():
+            elif (link := _is_link(full)) is None:
+                excluded["unreadable folder"] += 1
+            elif link:
                 excluded["symlinked directory"] += 1
             elif ignored(full, True):
                 excluded[".gitignore"] += 1
@@ -361,7 +368,7 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
                 elif size == 0:
                     reason = "empty"
                 else:
-                    reason = _looks_binary_or_generated(root, rel)
+                    reason = _looks_binary_or_generated(root, rel, size)
             if reason:
                 excluded[reason] += 1
             else:
