@@ -80,6 +80,10 @@ def allowed(store: IndexStore, path_glob: str | None, language: str | None) -> l
         raise InvalidInputError(
             f"path_glob '{path_glob}' matches no file of index '{name}'{scope}; paths are relative to the index "
             f"root, e.g. '{example}' ('*' also crosses '/': 'src/*.py' matches src/a/b.py)"
-            + ("; braces ('{a,b}') are not expanded: one call per alternative, or a wider glob" if "{" in glob else "")
+            + (
+                "; braces ('{a,b}') are not expanded: one call per alternative, or a wider glob"
+                if "{" in (glob or "")
+                else ""
+            )
         )
     return keep
