@@ -6,9 +6,9 @@ sha256("gpu|model|quant|context|pp_tok_s"), every third one is a check row. Mode
 prefill tok/s = MFU(group) x (QUANTISED if the weights are quantised) x dense BF16 TFLOPS / (2 x params);
 `QUANTISED` is the median ratio of quantised to F16 MFU over GPU+model pairs whose two rows are both fit rows,
 MFU(group) the median F16-equivalent MFU of the group's fit rows. A group is the GPU class, with HBM parts of
-500+ TFLOPS (Hopper on) apart: the first fit (one datacenter-hbm class) left the H100 PCIe's fit rows at +64%,
-the A100s' near 0. The catalog's dense BF16 figure is the one with FP32 accumulation, so a GeForce card, which
-llama.cpp drives with FP16 accumulation at twice that rate, comes out near or above 1.
+500+ TFLOPS (the H100 class on, not the H20) apart: the first fit (one datacenter-hbm class) left the H100
+PCIe's fit rows at +64%, the A100s' near 0. The catalog's dense BF16 figure is the one with FP32 accumulation,
+so a GeForce card, which llama.cpp drives with FP16 accumulation at twice that rate, comes out near or above 1.
 Run: `python bench/estimator_eval/prefill.py` (prints the constants and writes bench/results/estimator_prefill.md,
 before = the single constant MFU it replaces).
 """

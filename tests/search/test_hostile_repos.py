@@ -20,13 +20,13 @@ from gpubox.tools.search.walker import WalkOptions, walk
 from tests.search.conftest import finished
 
 
-def walked(root: Path, max_bytes: int = 1_000_000) -> tuple[list[str], dict[str, int]]:
-    result = walk(root, WalkOptions(include=[], exclude=[], max_file_bytes=max_bytes))
+def walked(root: Path, max_bytes: int = 1_000_000, roots: tuple[Path, ...] = ()) -> tuple[list[str], dict[str, int]]:
+    result = walk(root, WalkOptions(include=[], exclude=[], max_file_bytes=max_bytes, roots=roots or (root,)))
     return [rel for rel, _ in result.files], dict(result.excluded)
 
 
 def test_gitignore_rules_pathspec_refuses_or_a_bom_hides_leave_the_others_working(tmp_path: Path) -> None:
-    (tmp_path / ".gitignore").write_bytes(b"\xef\xbb\xbfsecret.py\r\n!\r\nbuild\\\r\nother.py\r\n")
+    (tmp_path / ".gitignore").write_bytes(b"\xef\xbb\xbfsecret.py\r\n!\r\nbuild\\\r\n[z-a]\r\nother.py\r\n")
     for name in ("a.py", "secret.py", "other.py"):
         (tmp_path / name).write_text("x = 1\n")
     files, excluded = walked(tmp_path)  # '!' and a trailing backslash raised and failed the run
@@ -49,12 +49,12 @@ def test_deep_nesting_is_windowed_and_a_too_long_path_is_counted_not_raised(tmp_
     assert files == ["ok.py"] and excluded.get("unreadable folder", 0) >= 1, excluded
 
 
-def test_a_huge_line_after_ordinary_ones_skips_the_file(tmp_path: Path) -> None:
-    """The minified check read the first 8 KB: a 20 MB line after them was one 20 MB chunk (4.8 GB of RAM)."""
-    (tmp_path / "data.js").write_text("var a = 1;\n" * 1000 + "var s = '" + "x" * 300_000 + "';\n")
-    (tmp_path / "ok.js").write_text("var b = 2;\n" * 1000 + "var t = '" + "y" * 5_000 + "';\n")
-    files, excluded = walked(tmp_path, max_bytes=10_000_000)
-    assert files == ["ok.js"] and excluded["a line over 100,000 characters"] == 1
+def test_a_huge_line_keeps_its_start_and_the_file_its_lines() -> None:
+    """The minified check reads the first 8 KB: a 20 MB line after them was one 20 MB chunk (4.8 GB of RAM)."""
+    text = "var a = 1;\n" * 1000 + "var s = '" + "x" * 300_000 + "';\nvar z = 2;\n"
+    chunks = chunk_text(text, "javascript")
+    assert max(len(c.text) for c in chunks) < 10_000 and chunks[-1].end_line == 1002
+    assert any(c.text.endswith("…") or "x" * 900 in c.text for c in chunks)
 
 
 def test_an_indexed_subfolder_follows_the_gitignore_above_it_unless_it_is_ignored_itself(tmp_path: Path) -> None:
@@ -64,11 +64,27 @@ def test_an_indexed_subfolder_follows_the_gitignore_above_it_unless_it_is_ignore
     (repo / "src" / "sub").mkdir(parents=True)
     for rel in ("src/a.py", "src/secret_cfg.py", "src/sub/d.py"):
         (repo / rel).write_text("x = 1\n")
-    files, excluded = walked(repo / "src")  # as git: all three rules apply below the top of the work tree
+    files, excluded = walked(repo / "src", roots=(tmp_path,))  # as git: the rules above apply below them
     assert files == ["a.py"] and excluded[".gitignore"] == 2
+    assert walked(repo / "src", roots=(repo / "src",))[0] == ["a.py", "secret_cfg.py", "sub/d.py"]  # never read
+    # outside the allowed roots
     (repo / "vendor" / "lib").mkdir(parents=True)
     (repo / "vendor" / "lib" / "v.py").write_text("y = 2\n")
-    assert walked(repo / "vendor" / "lib")[0] == ["v.py"]  # an ignored folder asked for by name is indexed
+    assert walked(repo / "vendor" / "lib", roots=(tmp_path,))[0] == ["v.py"]  # an ignored folder asked for by name
+
+
+def test_query_words_fold_as_fts5_unicode61_stores_them() -> None:
+    import sqlite3
+
+    from gpubox.tools.search.query import fold
+
+    words = ["größe", "Café", "naïve", "ελληνικά", "tiếng", "がぎぐ", "한국어", "İstanbul", "Ångström", "HTTPServer"]
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='unicode61')")
+    db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'row')")
+    db.execute("INSERT INTO t VALUES (?)", (" ".join(words),))
+    vocab = {row[0] for row in db.execute("SELECT term FROM v")}
+    assert [w for w in words if fold(w) not in vocab] == []
 
 
 def test_globstar_also_matches_no_folder() -> None:

@@ -59,6 +59,9 @@ FALLBACK_BLOCK_BITS: dict[str, float] = {
 # llama.cpp file types named after a block type with a suffix, for when `gguf` is not installed
 FALLBACK_FILE_TYPES = frozenset({"iq3_xs", "iq3_m", "iq2_m", "mxfp4_moe", *FILE_BITS_PER_WEIGHT})
 NOT_WEIGHT_FORMATS = frozenset({"i8", "i16", "i32", "i64", "f64", "q8_1", "q8_k"})
+# names published GGUF repositories use for llama.cpp types with Q8_0 embeddings and output (e.g. bartowski's
+# Q4_K_L): costed as the type they build on
+COMMUNITY_NAMES = {"q2_k_l": "q2_k", "q3_k_xl": "q3_k_l", "q4_k_l": "q4_k_m", "q5_k_l": "q5_k_m", "q6_k_l": "q6_k"}
 # Kept for callers that read the table directly (the inference family's fit plan).
 BITS_PER_WEIGHT = FILE_BITS_PER_WEIGHT
 
@@ -143,11 +146,12 @@ def known_formats() -> list[str]:
     """Every weight format costed: the file table, ggml block types and llama.cpp file types, without the
     block types no weight file is made of (integer tensors, f64, the activation-only q8_1/q8_k)."""
     names = {*FILE_BITS_PER_WEIGHT, *gguf_block_bits(), *FALLBACK_BLOCK_BITS, *file_type_names()}
-    return sorted(n for n in names - NOT_WEIGHT_FORMATS if _block_bits_for(n) or n in FILE_BITS_PER_WEIGHT)
+    costed = {n for n in names - NOT_WEIGHT_FORMATS if _block_bits_for(n) or n in FILE_BITS_PER_WEIGHT}
+    return sorted(costed | set(COMMUNITY_NAMES))
 
 
 def bits_per_weight(fmt: str) -> float:
-    key = _key(fmt)
+    key = COMMUNITY_NAMES.get(_key(fmt), _key(fmt))
     if key in FILE_BITS_PER_WEIGHT:
         return FILE_BITS_PER_WEIGHT[key]
     bits = _block_bits_for(key) if key in known_formats() else None  # a made-up 'q4_k_xxs' is not q4_k

@@ -37,11 +37,11 @@ PREFILL_MFU_BY_CLASS = {
 PREFILL_QUANTISED = 0.844
 
 
-FAST_HBM_TFLOPS = 500.0  # Hopper and later: llama.cpp reaches a smaller share of their far higher peak
+FAST_HBM_TFLOPS = 500.0  # H100 class and later (not the H20): llama.cpp reaches a smaller share of that peak
 
 
 def prefill_group(gpu: GpuSpec) -> str:
-    """The GPU class, with Hopper-and-later HBM parts apart: the fit rows show the H100 at 0.22 of its peak,
+    """The GPU class, with HBM parts of 500+ TFLOPS apart: the fit rows show the H100 at 0.22 of its peak,
     the A100s at 0.30-0.36 (bench/estimator_eval/prefill.py)."""
     fast = gpu.gpu_class == "datacenter-hbm" and gpu.bf16_tflops >= FAST_HBM_TFLOPS
     return "datacenter-hbm-fast" if fast else gpu.gpu_class

@@ -293,8 +293,8 @@ class Estimator:
         factor = None
         if peak_memory_gb:
             factor = tr.measured_activation_factor(rm.shape, plan, per_device_train_batch_size, peak_memory_gb)
-            if factor is None:  # it was stored without a factor, as if measured
-                floor = tr.static_bytes(rm.shape, plan) / 1e9
+            floor = tr.static_bytes(rm.shape, plan) / 1e9
+            if peak_memory_gb < floor:  # stored as if measured, though the weights alone take more
                 raise InvalidInputError(
                     f"peak_memory_gb {peak_memory_gb:g} is below the {floor:.3g} GB this run holds before any "
                     "activation (weights, adapter, gradients, optimizer state); check the figure and its unit (GB). "

@@ -379,10 +379,11 @@ def measured_activation_factor(
     shape: ModelShape, plan: TrainingPlanInput, micro_batch: int, peak_gb: float
 ) -> float | None:
     acts, logits = activation_bytes(shape, plan, micro_batch, plan.gradient_checkpointing)
-    factor = (peak_gb * 1e9 - static_bytes(shape, plan)) / (acts + logits)
+    factor = (peak_gb * 1e9 - static_bytes(shape, plan) - TRAINING_OVERHEAD_GB * 1e9) / (acts + logits)
     return factor if factor > 0 else None
 
 
 def static_bytes(shape: ModelShape, plan: TrainingPlanInput) -> float:
-    """What a run holds before any activation: weights, adapter, gradients, optimizer state, runtime."""
-    return resident(static_memory(shape, plan), plan) + TRAINING_OVERHEAD_GB * 1e9
+    """What a run's tensors hold before any activation: weights, adapter, gradients, optimizer state (no runtime
+    overhead: torch.cuda.max_memory_allocated, which a job reports, does not count it)."""
+    return resident(static_memory(shape, plan), plan)

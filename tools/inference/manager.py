@@ -331,16 +331,22 @@ class ModelManager(ModelCatalog):
             r.busy -= 1
             r.last_used = time.time()
             last = r.close_on_release and r.busy == 0
-            if last:
-                self._closing = [x for x in self._closing if x is not r]
             self._changed.notify_all()
-        if last:  # an infer_unload that did not wait for this request
+        if last:  # an infer_unload did not wait for this request; its caller does not wait for the close either
+            threading.Thread(target=self._close_unloaded, args=(r,), name="gpubox-unload", daemon=True).start()
+
+    def _close_unloaded(self, r: Resident) -> None:
+        try:
             self._close(r)
+        finally:  # counted by closing() until its memory is released, so infer_unload answers after that
+            with self._changed:
+                self._closing = [x for x in self._closing if x is not r]
+                self._changed.notify_all()
 
     def closing(self, name: str) -> int:
-        """Requests still running on unloaded copies of `name` (closed when they end)."""
+        """Unloaded copies of `name` not closed yet (their running requests close them as the last one ends)."""
         with self._lock:
-            return sum(r.busy for r in self._closing if r.name.lower() == name.lower())
+            return sum(1 for r in self._closing if r.name.lower() == name.lower())
 
     # --- probes for other families (taken under the lock) ----------------------------------------
     def loaded(self) -> dict[str, LoadedInfo]:

@@ -137,11 +137,11 @@ async def unloaded(mgr: ModelManager, name: str, report: Progress | None) -> Non
     last one closes it, caller or not): a worker thread waiting for a long generation held one of the pool's
     threads, and a cancel did not end its wait."""
     said = False
-    while running := mgr.closing(name):
+    while mgr.closing(name):
         if report is not None and not said:
             said = True
-            await report(0.0, None, f"waiting for {running} running request(s) of {name} to end")
-        await anyio.sleep(LOAD_POLL_S)  # the last request closes it in its worker thread: no loop event
+            await report(0.0, None, f"waiting for the running requests of {name} to end")
+        await anyio.sleep(LOAD_POLL_S)  # the last request's end closes it in a thread: no loop event
 
 
 async def shielded(fn: Callable[..., T], *args: Any) -> T:

@@ -41,6 +41,8 @@ log = logging.getLogger("gpubox.search")
 # 12: a C++ statement macro with arguments at the start of a line (`GMOCK_DEFINE_..._(unsigned char, '\0');`) is
 #     blanked: googletest's gmock-actions.h from there on was one function, `struct negation` no symbol.
 CHUNKER_VERSION = 12
+# a line longer than this (data: an inline image, a string table) keeps its start only; the line count stays
+HUGE_LINE, KEPT_OF_HUGE = 100_000, 1_000
 MAX_LINES = 80  # a symbol longer than this is split (classes into members, functions into windows)
 WINDOW = 60
 SHORT_FILE_CHARS = 2_000  # a file of under three lines and no symbol is one chunk up to this size
@@ -193,6 +195,9 @@ def chunk_text(text: str, language: str) -> list[Chunk]:
     lines = split_lines(text)
     if not lines:
         return []
+    if any(len(line) > HUGE_LINE for line in lines):  # a 20 MB line was one 20 MB chunk (4.8 GB of RAM to index)
+        lines = [line if len(line) <= HUGE_LINE else line[:KEPT_OF_HUGE] + " …" for line in lines]
+        text = "\n".join(lines)
     kinds = SYMBOLS.get(language)
     parser = _parser(language) if kinds else None
     if parser is None or kinds is None:

@@ -3,6 +3,7 @@ rules that would make its matcher backtrack for minutes are dealt with here, not
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +28,26 @@ def gitignore_spec(root: Path, rel_dir: str) -> object | None:
     ]
     try:
         return pathspec.GitIgnoreSpec.from_lines(lines)
-    except ValueError:  # a line pathspec refuses ('!', a trailing '\\') failed the whole index; git skips it
+    except (ValueError, re.error):  # a rule pathspec refuses ('!', '[z-a]') failed the whole index; git skips it
         return pathspec.GitIgnoreSpec.from_lines([line for line in lines if _valid_rule(pathspec, line)])
 
 
 def _valid_rule(pathspec: Any, line: str) -> bool:
     try:
         pathspec.GitIgnoreSpec.from_lines([line])
-    except ValueError:
+    except (ValueError, re.error):  # '[z-a]': a bad character range
         return False
     return True
 
 
-def enclosing_specs(root: Path) -> list[tuple[Path, object]]:
+def enclosing_specs(root: Path, roots: tuple[Path, ...]) -> list[tuple[Path, object]]:
     """The .gitignore rules of the folders above `root` up to the top of the git work tree it is in (a folder
     holding `.git`), top first: git applies them to a subfolder too, and indexing one showed files git ignores.
-    None outside a work tree."""
+    None outside a work tree, or when its top lies outside the allowed `roots`."""
     above: list[Path] = []
     for folder in root.parents:
+        if not any(folder.is_relative_to(r) for r in roots):  # nothing outside the allowed roots is read
+            return []
         above.append(folder)
         if (folder / ".git").exists():
             found = [(d, gitignore_spec(d, "")) for d in reversed(above)]

@@ -41,9 +41,17 @@ def lexical_budget(store: IndexStore) -> int:
 
 
 def fold(word: str) -> str:
-    """A word as FTS5's unicode61 tokenizer stores it: lower case, diacritics removed ('Größe' -> 'große'), so the
-    vocabulary lookups find it."""
-    return "".join(c for c in unicodedata.normalize("NFD", word.lower()) if not unicodedata.combining(c))
+    """A word as FTS5's unicode61 tokenizer stores it, so the vocabulary lookups find it: lower case, and a Latin
+    letter with one diacritic without it ('Größe' -> 'große'); other scripts, and 'ế' with two, keep theirs."""
+    return "".join(_fold_char(c) for c in unicodedata.normalize("NFC", word))
+
+
+def _fold_char(c: str) -> str:
+    if c.isascii() or not unicodedata.name(c, "").startswith("LATIN"):
+        return c.lower()
+    parts = unicodedata.normalize("NFD", c)
+    base = "".join(x for x in parts if not unicodedata.combining(x))
+    return base.lower() if len(parts) - len(base) == 1 else c.lower()
 
 
 def _fts_words(text: str, drop_stopwords: bool = True) -> list[str]:

@@ -43,7 +43,7 @@ from gpubox.tools.search.schemas import (
     SearchHit,
     SearchResults,
 )
-from gpubox.tools.search.store import DamagedIndexError, IndexStore, folder_bytes
+from gpubox.tools.search.store import DamagedIndexError, IndexStore, damaged, folder_bytes, unless_damaged
 from gpubox.tools.search.walker import WalkOptions, walk
 
 log = logging.getLogger("gpubox.search")
@@ -147,7 +147,7 @@ class SearchService:
             self.ledger.reserve(owner, "indexing", needs, frees, key=self._indexing_key(needs))
             progress = Progress()
             self._jobs[name] = progress
-        options = WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes)
+        options = self._walk_options(include, exclude, max_file_bytes)
         run_lock = None
         try:
             store = self.store(name, create=True)
@@ -233,6 +233,10 @@ class SearchService:
         with self._lock:
             return [name for name, p in self._jobs.items() if not p.done.is_set()]
 
+    def _walk_options(self, include: list[str], exclude: list[str], max_bytes: int | None) -> WalkOptions:
+        size = max_bytes or self.settings.search_max_file_bytes
+        return WalkOptions(include, exclude, size, tuple(Path(r).resolve() for r in self.settings.allowed_roots))
+
     def result(self, name: str, root: Path, progress: Progress) -> IndexResult:
         return index_info.run_result(name, root, progress, self._reports.get(name))
 
@@ -243,7 +247,7 @@ class SearchService:
         if not root.is_dir():
             raise InvalidInputError(f"{root} is a file; pass the repository directory")
         name = self._check_name(name or default_name(root))
-        walked = walk(root, WalkOptions(include, exclude, max_file_bytes or self.settings.search_max_file_bytes))
+        walked = walk(root, self._walk_options(include, exclude, max_file_bytes))
         return preview(root, name, walked, self.store(name) if name in self.names() else None, self.embedder)
 
     # --- querying -------------------------------------------------------------------------------
@@ -355,6 +359,8 @@ class SearchService:
         try:
             return self.info(name)
         except (DamagedIndexError, sqlite3.DatabaseError) as exc:  # one damaged index hid every other one
+            if not isinstance(exc, DamagedIndexError) and not damaged(exc):
+                raise
             return index_info.damaged(name, exc)
 
     def drop(self, name: str) -> DropResult:
@@ -368,7 +374,7 @@ class SearchService:
             ensure_not_running(self._jobs.get(name), name, ": it is not dropped while the run goes on")
             run_lock = run_lock_of(self.base, name, "drop it")  # not while another server builds it; held until moved
             try:
-                store = self._stores.pop(name, None) or self._openable(name)
+                store = self._stores.pop(name, None) or unless_damaged(self.base / name)
                 self._faiss.pop(name, None)
                 self._jobs.pop(name, None)
                 self._pages.forget(name)
@@ -381,12 +387,6 @@ class SearchService:
                 run_lock.close()
         shutil.rmtree(trash, ignore_errors=True)
         return DropResult(name=name, dropped=True, freed_bytes=size)
-
-    def _openable(self, name: str) -> IndexStore | None:
-        try:
-            return IndexStore(self.base / name)
-        except DamagedIndexError:  # it cannot be opened, so it is dropped as files
-            return None
 
     def close(self) -> None:
         for job in self._jobs.values():

@@ -96,8 +96,10 @@ class IndexStore:
                 db.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('index_id', ?)", (json.dumps(uuid.uuid4().hex),)
                 )
-        except sqlite3.DatabaseError as exc:  # not a database (a damaged disk, a file written over)
+        except sqlite3.DatabaseError as exc:
             self.close()
+            if not damaged(exc):  # locked, read-only, disk full: the index is fine, say what happened
+                raise
             raise DamagedIndexError(directory.name, exc) from exc
         held = try_exclusive(directory / "run.lock")  # no sweep under a run (another server's new FAISS file)
         if held is not None:
@@ -258,6 +260,19 @@ class DamagedIndexError(NotFoundError):
             f"index '{name}' is damaged: its index.sqlite cannot be read ({exc}); search_drop name='{name}' "
             "removes it, then search_index builds it again"
         )
+
+
+def damaged(exc: sqlite3.Error) -> bool:
+    """The file is no database or a corrupt one (SQLITE_NOTADB, SQLITE_CORRUPT), not a passing condition."""
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+
+
+def unless_damaged(directory: Path) -> IndexStore | None:
+    """The index's store, or None when it cannot be opened (a drop then removes it as files)."""
+    try:
+        return IndexStore(directory)
+    except DamagedIndexError:
+        return None
 
 
 def folder_bytes(directory: Path) -> int:

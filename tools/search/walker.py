@@ -151,6 +151,8 @@ class WalkOptions:
     include: list[str] = field(default_factory=list)  # globs on the relative path; empty = everything
     exclude: list[str] = field(default_factory=list)
     max_file_bytes: int = 1_000_000
+    # the allowed roots: .gitignore files above the indexed folder are read up to the one holding it, never beyond
+    roots: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -180,7 +182,6 @@ MAX_DEPTH = 64  # folders below the root (os.walk recurses; ~1,000 levels raised
 # minified: a line over 4,000 bytes and fewer than 16 line breaks in a file's first 8 KB (each symbol's chunk held the
 # whole line); one long line among ordinary ones (an inline SVG, a string table) does not count
 MINIFIED_LINE, MINIFIED_BREAKS = 4000, 16
-HUGE_LINE = 100_000  # a line this long anywhere (data, not code): the file is skipped
 _IF = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b(.*)$", re.MULTILINE)
 
 
@@ -248,7 +249,7 @@ def without_comments(text: str) -> str:
             i = end
 
 
-def _looks_binary_or_generated(root: Path, rel: str, size: int) -> str | None:
+def _looks_binary_or_generated(root: Path, rel: str) -> str | None:
     head = read_inside(root, rel, limit=8192)
     if head is None:
         return "unreadable"
@@ -259,16 +260,7 @@ def _looks_binary_or_generated(root: Path, rel: str, size: int) -> str | None:
         return "generated"
     if head.count(b"\n") < MINIFIED_BREAKS and max(map(len, head.split(b"\n"))) >= MINIFIED_LINE:
         return "minified (lines over 4,000 characters)"
-    if size > HUGE_LINE and _longest_line(read_inside(root, rel) or b"") > HUGE_LINE:
-        return f"a line over {HUGE_LINE:,} characters"  # one 20 MB line after ordinary ones was one 20 MB chunk
     return None
-
-
-def _longest_line(data: bytes) -> int:
-    longest, start = 0, 0
-    while (end := data.find(b"\n", start)) != -1:
-        longest, start = max(longest, end - start), end + 1
-    return max(longest, len(data) - start)
 
 
 def _is_link(path: Path) -> bool | None:
@@ -292,7 +284,7 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
     excluded: Counter[str] = Counter()
     files: list[tuple[str, str]] = []
     # (directory, its .gitignore spec): nested rules apply below their dir, those above the root to all of it
-    specs: list[tuple[Path, object]] = enclosing_specs(root) if not (root / ".git").exists() else []
+    specs: list[tuple[Path, object]] = enclosing_specs(root, options.roots) if not (root / ".git").exists() else []
 
     def ignored(rel_to: Path, is_dir: bool) -> bool:
         for base, spec in specs:
@@ -368,7 +360,7 @@ def walk(root: Path, options: WalkOptions) -> WalkResult:
                 elif size == 0:
                     reason = "empty"
                 else:
-                    reason = _looks_binary_or_generated(root, rel, size)
+                    reason = _looks_binary_or_generated(root, rel)
             if reason:
                 excluded[reason] += 1
             else:
