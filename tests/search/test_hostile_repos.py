@@ -112,6 +112,7 @@ def test_damaged_index_files_are_reported_dropped_or_rebuilt_and_non_ascii_words
         faiss.write_bytes(faiss.read_bytes()[:100])
         svc._faiss.clear()  # as after a restart: the file is read again
         assert svc.search("compute the size", "r", 5, 0, None, None, "vector", 200).hits  # RuntimeError before
+        assert len(faiss.read_bytes()) > 100  # written back: the next start reads it again
         (svc.base / "zz").mkdir()
         (svc.base / "zz" / "index.sqlite").write_bytes(b"not a database" * 100)
         listed = {i.name: i for i in svc.list().indexes}  # a masked error for every index before

@@ -44,6 +44,7 @@ from gpubox.tools.search.schemas import (
     SearchResults,
 )
 from gpubox.tools.search.store import DamagedIndexError, IndexStore, damaged, folder_bytes, unless_damaged
+from gpubox.tools.search.vectors_file import rebuild_vectors
 from gpubox.tools.search.walker import WalkOptions, walk
 
 log = logging.getLogger("gpubox.search")
@@ -260,10 +261,8 @@ class SearchService:
         faiss_file = meta.get("faiss_file")
         path = store.dir / faiss_file if faiss_file else None
 
-        def rebuilt() -> Any:  # self-heal from the vectors in SQLite
-            ids, blob = store.all_vectors(store.connect())
-            dim = int(meta.get("dim") or self.embedder.dimension())
-            return vectors.build(ids, blob, dim, self.settings.search_ann_threshold)
+        def rebuilt() -> Any:
+            return rebuild_vectors(store, path, int(meta.get("dim") or self.embedder.dimension()), self.settings)
 
         index = vectors.load_or(path, rebuilt) if path is not None and path.is_file() else rebuilt()
         self._faiss[name] = (gen, index)
