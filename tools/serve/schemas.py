@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 # unresponsive: a ready or attached engine that did not answer its health probe; it goes back (ready for an engine
 # gpubox runs, attached for an attached server) once it answers again
@@ -69,7 +70,9 @@ class EngineStatus(BaseModel):
     state: EngineState
     healthy: bool
     base_url: str
-    api_key: str | None = Field(default=None, description="The engine's own key, for clients that call it directly")
+    api_key: str | None = Field(
+        default=None, description="The key of an engine gpubox runs, for clients that call it directly"
+    )
     served_models: list[str] = Field(default_factory=list)
     uptime_s: float | None = None
     memory_gb: dict[str, float] = Field(default_factory=dict, description="Reserved in the box ledger")
@@ -78,6 +81,23 @@ class EngineStatus(BaseModel):
     error: str | None = None
     log_tail: str | None = None
     next_step: str | None = None
+
+    @model_validator(mode="after")
+    def _no_secrets(self) -> EngineStatus:
+        """An attached server's key and a password in its URL are the user's own secrets: every later serve_list
+        or serve_status handed them to any client (a key gpubox made for its own engine is for its clients)."""
+        if self.engine == "openai":
+            self.api_key = None
+        self.base_url = without_password(self.base_url)
+        return self
+
+
+def without_password(url: str) -> str:
+    """`url` with any user:password@ part written as ***@."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
 
 class EngineList(BaseModel):
