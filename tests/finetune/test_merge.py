@@ -14,6 +14,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from gpubox import services
 from gpubox.app import state_of
 from gpubox.errors import CapacityError
 from gpubox.tools.finetune.adapter import finetuner
@@ -142,6 +143,13 @@ async def test_bad_merges_are_refused_with_clear_messages(merged: dict[str, Any]
         assert "not enough disk" in msg and "0.01 GB are free" in msg and "GGUF q8_0" in msg
         msg = await call_err(client, "finetune_merge", job=job_id, output_name="too-slow", time_limit_s=1)
         assert "time_limit_s" in msg
+        ledger = services.ledger(state_of(merged["mcp"]))  # another merge to that name, running now
+        ledger.reserve("merge busy-name", "finetune", {"host": 0.01}, "waiting for the merge to end")
+        try:  # it said "merge busy-name already holds a reservation; release it first"
+            msg = await call_err(client, "finetune_merge", job=job_id, output_name="busy-name")
+        finally:
+            ledger.release("merge busy-name")
+        assert "a merge to 'busy-name' is running" in msg and "another output_name" in msg, msg
 
     # a time limit the merge cannot meet (the tool's floor is 10 s, which a fast box can meet: half a second
     # here, through the service): the real process is stopped and nothing is left behind

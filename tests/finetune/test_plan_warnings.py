@@ -107,3 +107,26 @@ async def test_a_model_loaded_for_inference_is_named_in_the_plan_with_how_to_fre
     assert "'smollm2-135m-instruct'" in held[0] and "GB of RAM" in held[0]
     assert "infer_unload name='smollm2-135m-instruct'" in held[0]
     assert not any("loaded for inference" in w for w in clean["warnings"] + unloaded["warnings"])
+
+
+@pytest.mark.requires_hf
+async def test_a_micro_batch_the_estimator_did_not_try_still_gets_its_memory(tmp_path: Path, hf_base: Path) -> None:
+    """Three rows make micro-batch 3, which the estimator's candidates (1, 2, 4, ...) lack: the plan's memory was
+    null and the job reserved a fallback a quarter of the estimate."""
+    import json
+
+    root = tmp_path / "root"
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(3)
+    ]
+    root.mkdir()
+    (root / "three.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mcp = build_server(make_settings(root, hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await call_ok(client, "finetune_plan", dataset=str(root / "three.jsonl"), max_steps=1, max_length=64)
+    finally:
+        state_of(mcp).close()
+    assert plan["per_device_train_batch_size"] == 3, plan
+    assert plan["estimated_memory_gb"] is not None and plan["estimated_memory_gb"] > 0.5, plan

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError
 
 from gpubox import services
 from gpubox.confirm import Confirmation, ask, go_ahead, require
-from gpubox.errors import GpuboxError, InvalidInputError
+from gpubox.errors import BusyError, GpuboxError, InvalidInputError
 from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.finetune.merge import BYTES, Dtype, GgufOut, MergeResult
@@ -204,7 +204,15 @@ def register(mcp: MCPServer[Any]) -> None:
         # the merge process holds the base and the merged weights at once, plus a torch runtime: reserved first
         owner = f"merge {spec['name']}"
         needs = {"host": 2 * spec["parameters"] * BYTES[spec["dtype"]] / 1e9 + MERGE_RUNTIME_GB}
-        await anyio.to_thread.run_sync(lambda: ledger.reserve(owner, "finetune", needs, "waiting for the merge to end"))
+
+        def reserve() -> None:
+            if ledger.holding(owner) is not None:  # it said "release it first": nothing the caller holds
+                raise BusyError(
+                    f"a merge to '{spec['name']}' is running; wait for it to end or choose another output_name"
+                )
+            ledger.reserve(owner, "finetune", needs, "waiting for the merge to end")
+
+        await anyio.to_thread.run_sync(reserve)
         try:
             return await merger.run(spec, time_limit_s, ctx.report_progress)
         finally:

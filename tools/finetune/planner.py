@@ -207,10 +207,20 @@ def memory_at(est_result: TrainingOnGpu | None, micro: int) -> float | None:
     """The planner's memory total at the micro-batch actually chosen (which may be below its own choice)."""
     if est_result is None:
         return None
-    for c in est_result.candidates:
-        if c.micro_batch == micro:
-            return c.total_gb
-    return est_result.memory.total_gb if est_result.micro_batch == micro else None
+    if est_result.micro_batch == micro:
+        return est_result.memory.total_gb
+    points = sorted({c.micro_batch: c.total_gb for c in est_result.candidates}.items())
+    for b, gb in points:
+        if b == micro:
+            return gb
+    if len(points) < 2:
+        return None
+    # memory is affine in the micro-batch (fixed part + activations per sample): a batch between or past the ones
+    # tried (3 rows: micro-batch 3) is read off the line through its neighbours; it was None, and the job reserved
+    # a fallback a quarter of the estimate
+    above = next((i for i, (b, _) in enumerate(points) if b > micro), len(points) - 1)
+    (b0, m0), (b1, m1) = points[max(above - 1, 0)], points[max(above, 1)]
+    return round(m0 + (m1 - m0) * (micro - b0) / (b1 - b0), 3)
 
 
 def estimate_or_warning(
