@@ -81,8 +81,12 @@ def unfold(tool: str, arguments: Mapping[str, Any], known: Iterable[str], folded
             )
         for key, value in extra.items():
             if key not in folded_list:
-                hint = "" if key not in known_set else f"'{key}' is a top-level argument of {tool}; pass it there."
-                raise UnknownNameError(f"setting in '{MORE}'", str(key)[:64], folded_list, hint)
+                hint = (
+                    f"'{key}' is a top-level argument of {tool}; pass it there."
+                    if key in known_set
+                    else f"'{MORE}' holds only these settings of {tool}."
+                )
+                raise UnknownNameError("setting", str(key)[:64], folded_list, hint)
             if key in args:
                 raise InvalidInputError(f"'{key}' is given twice, at the top level and in '{MORE}'; give it once")
             args[key] = value

@@ -36,7 +36,7 @@ class UnknownNameError(InvalidInputError):
 
     def __init__(self, kind: str, name: str, valid: Iterable[str], hint: str = "") -> None:
         choices = sorted(set(valid))
-        close = difflib.get_close_matches(name, choices, n=5, cutoff=0.4)
+        close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)  # 0.4 offered 'nodes' for 'bogus'
         lowered = [c for c in choices if name.lower() in c.lower() and c not in close]
         suggestions = (close + lowered)[:5]
         parts = [f"unknown {kind} '{name}'."]

@@ -32,7 +32,10 @@ async def test_names_a_tool_does_not_take_are_refused_with_the_close_matches(cli
     typo = await call_err(client, "estimate_inference", model="Llama-3-8B", gpu="A10", contxt_length=4096)
     assert "unknown argument 'contxt_length'" in typo and "context_length" in typo
     inside = await call_err(client, "estimate_training", **QUESTION, more={"optimizer": "sgd"})
-    assert "unknown setting in 'more' 'optimizer'" in inside and "optim" in inside
+    assert "unknown setting 'optimizer'. Did you mean: optim?" in inside, inside
+    assert "'more' holds only these settings of estimate_training" in inside
+    unlike = await call_err(client, "estimate_training", **QUESTION, more={"bogus": 1})
+    assert "Did you mean" not in unlike and "Valid setting names:" in unlike, unlike  # nothing close to 'bogus'
     shown = await call_err(client, "estimate_training", **QUESTION, more={"gpu": "A100"})
     assert "'gpu' is a top-level argument of estimate_training" in shown
     twice = await call_err(client, "estimate_training", **QUESTION, optim="sgd", more={"optim": "adamw_torch"})

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpubox.errors import BusyError, GpuboxError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
@@ -279,6 +280,12 @@ class EngineManager:
     # --- attach / stop --------------------------------------------------------------------------
     def attach(self, base_url: str, api_key: str | None, name: str | None) -> EngineRecord:
         check_http_url(base_url, "base_url", "e.g. http://127.0.0.1:8000/v1")
+        if api_key and (urlsplit(base_url).username or urlsplit(base_url).password):
+            # httpx turns a URL's user:password into Basic auth, which replaced the Bearer key on every request
+            raise InvalidInputError(
+                "give either api_key (sent as 'Bearer <key>') or user:password in base_url (sent as Basic auth), "
+                "not both: a request carries one Authorization header"
+            )
         served = [m for m in client.models(base_url, api_key, attaching=True) if m.strip()]  # no blank name
         if not served:
             raise NotFoundError(f"{base_url} serves no model")

@@ -108,13 +108,13 @@ class ServeService:
         return base, plan, args
 
     def start(self, model: str, name: str | None, o: Overrides, port: int | None) -> EngineStatus:
-        python = self.engine_python()
-        base, plan, args = self.plan(model, o)
+        base, plan, args = self.plan(model, o)  # an unknown model or a bad name is told before a missing vLLM
         served = name or base.name
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", served):
             raise InvalidInputError(
                 f"served name '{served}' must start with a letter or digit and hold only letters, digits, '-', '_', '.'"
             )
+        python = self.engine_python()
         prepare: Callable[[Preparing], None] | None = None
         prepare_gb = 0.0
         if not base.hf_ready:
