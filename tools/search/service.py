@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
@@ -176,6 +177,8 @@ class SearchService:
             except Exception as exc:  # reported through search_list, never lost
                 log.exception("indexing %s failed", name)
                 progress.error = str(exc) or type(exc).__name__
+                with contextlib.suppress(Exception):  # a first run that committed nothing (the model did not load)
+                    self._discard_unbuilt(name, store)  # left a root-less index reading "empty" after a restart
             finally:
                 try:
                     self._settle(owner, growth)
