@@ -259,22 +259,22 @@ async def drive(
     after: Callable[[], object] | None = None,
 ) -> tuple[list[GenerationResult], list[float], float]:
     """Send `requests` requests, `concurrency` in flight: (results, latency of each, wall seconds). The first
-    failure stops the rest and is raised as itself (outside the task group, so the client reads it unwrapped)."""
+    failure cancels the rest, those already sent too, and is raised as itself (outside the task group, so the
+    client reads it unwrapped)."""
     results: list[GenerationResult] = []
     latencies: list[float] = []
     failures: list[Exception] = []
     limiter = anyio.CapacityLimiter(concurrency)
     t0 = time.perf_counter()
 
-    async def one(i: int) -> None:
+    async def one(i: int, scope: anyio.CancelScope) -> None:
         async with limiter:
-            if failures:
-                return
             start = time.perf_counter()
             try:
                 res = await send(i)
             except Exception as exc:
                 failures.append(exc)
+                scope.cancel()  # requests queued behind this one (on the model's lock) ran to the end before
                 return
             latencies.append(time.perf_counter() - start)
             results.append(res)
@@ -285,7 +285,7 @@ async def drive(
 
     async with anyio.create_task_group() as tg:
         for i in range(requests):
-            tg.start_soon(one, i)
+            tg.start_soon(one, i, tg.cancel_scope)
     if failures:
         raise failures[0]
     return results, latencies, time.perf_counter() - t0
