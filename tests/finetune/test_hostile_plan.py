@@ -176,3 +176,46 @@ def test_a_row_cut_before_tokenizing_keeps_every_token_truncation_keeps(hf_base:
     assert data.cut_long(short, "prompt_completion", cut) == short
     (tmp_path / "train.jsonl").write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": "hi"}) + "\n")
     assert _rows(tmp_path, "train.jsonl", cut)["text"] == [text[:cut], "hi"]  # what the worker hands trl
+
+
+@pytest.mark.anyio
+async def test_odd_chat_rows_plan_with_one_warning_per_kind(tmp_path: Path, hf_base: Path) -> None:
+    """Rows with an empty message, the assistant first or a system message mid-way planned without a word (SmolLM2's
+    ChatML template renders any order, and trl trains on them as written)."""
+    from mcp import Client
+
+    from gpubox.app import build_server, state_of
+    from tests.conftest import call_ok
+    from tests.finetune.conftest import make_settings
+
+    def chat(*turns: tuple[str, str]) -> str:
+        return json.dumps({"messages": [{"role": r, "content": c} for r, c in turns]})
+
+    good = chat(("user", "hi"), ("assistant", "hello"))
+    rows = [
+        good,
+        chat(("user", "hi"), ("assistant", " ")),
+        chat(("assistant", "hello"), ("user", "hi"), ("assistant", "yes")),
+        good,
+        chat(("user", "hi"), ("system", "be brief"), ("assistant", "ok")),
+        chat(("user", ""), ("assistant", "ok")),
+    ]
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "chats.jsonl").write_text("\n".join(rows) + "\n")
+    mcp = build_server(make_settings(root, hf_base))
+    try:
+        async with Client(mcp) as client:
+            plan = await call_ok(client, "finetune_plan", dataset=str(root / "chats.jsonl"), max_length=128)
+            clean = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+            (root / "clean.jsonl").write_text((json.dumps(clean) + "\n") * 4)
+            plain = await call_ok(client, "finetune_plan", dataset=str(root / "clean.jsonl"), max_length=128)
+    finally:
+        state_of(mcp).close()
+    warned = [w for w in plan["warnings"] if "trained on as written" in w]
+    assert warned == [
+        "2 of 6 rows have a message with empty content (row 2 first); trained on as written",
+        "1 of 6 rows start with the assistant's message (row 3 first); trained on as written",
+        "1 of 6 rows have a system message after the first message (row 5 first); trained on as written",
+    ], plan["warnings"]
+    assert not [w for w in plain["warnings"] if "trained on as written" in w], plain["warnings"]

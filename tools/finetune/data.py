@@ -320,3 +320,27 @@ def stamp(path: Path) -> str:
     """The dataset file as it is now (size:mtime): a plan made for its rows holds only while this is unchanged."""
     st = path.stat()
     return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+# chat rows that parse but are likely not what was meant; trl trains on them as they are (a ChatML template such as
+# SmolLM2's renders any order), so the plan says so instead of refusing
+_ODD_CHATS: tuple[tuple[str, Callable[[list[dict[str, str]]], bool]], ...] = (
+    ("have a message with empty content", lambda msgs: any(not m["content"].strip() for m in msgs)),
+    ("start with the assistant's message", lambda msgs: msgs[0]["role"] == "assistant"),
+    ("have a system message after the first message", lambda msgs: any(m["role"] == "system" for m in msgs[1:])),
+)
+
+
+def chat_warnings(rows: list[dict[str, Any]], fmt: DatasetFormat) -> list[str]:
+    """One line per kind of odd chat row: how many rows, and the first."""
+    chats = [
+        row["messages"] if fmt == "messages" else [*row["prompt"], *row["completion"]]
+        for row in rows
+        if fmt == "messages" or isinstance(row.get("prompt"), list)
+    ]
+    out = []
+    for what, odd in _ODD_CHATS:
+        hits = [n for n, msgs in enumerate(chats, 1) if odd(msgs)]
+        if hits:
+            out.append(f"{len(hits)} of {len(rows)} rows {what} (row {hits[0]} first); trained on as written")
+    return out

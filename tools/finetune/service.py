@@ -91,9 +91,10 @@ class Finetuner:
             warnings += launcher.check_processes(req.num_processes, device)
         base = self.resolve_base(req.model)
         warnings += targets.check(req, base)
-        summary, _rows, tokens = planner.summarise(
+        summary, rows, tokens = planner.summarise(
             req, self.settings.allowed_roots, lambda: planner.load_tokenizer(base)
         )
+        warnings += data.chat_warnings(rows, summary.format)
         if device == "cuda":
             warnings += plan_warnings.busy_gpu(status.gpus) + plan_warnings.throttled(status.gpus)
         elif req.method == "qlora":
