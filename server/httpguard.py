@@ -181,6 +181,9 @@ class HostOriginGuard:
         await PlainTextResponse(refusal.reason, status_code=refusal.status)(scope, receive, send)
 
 
+_RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.SWITCHED_PROTOCOL)  # the request is all in (or none will come)
+
+
 class _DeadlineH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a deadline for receiving each complete request (headers and body)."""
 
@@ -209,12 +212,24 @@ class _DeadlineH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._arm()
 
+    def _arm_unless_received(self) -> None:
+        if self.conn.their_state in _RECEIVED:
+            self._disarm()
+        elif self._deadline is None:
+            self._arm()
+
     def data_received(self, data: bytes) -> None:
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._arm()  # the next request starts on a kept-alive connection
         super().data_received(data)
-        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.SWITCHED_PROTOCOL):
-            self._disarm()
+        self._arm_unless_received()
+
+    def on_response_complete(self) -> None:
+        # a pipelined request already buffered is read here, not in data_received: without this its deadline was
+        # never set, and a byte every few seconds (no token needed) held the connection for good
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is not h11.IDLE:  # idle: uvicorn's keep-alive
+            self._arm_unless_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -213,6 +214,37 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(tmp_path: Path
             assert _closed_by_server(slow)
         with socket.create_connection(("127.0.0.1", port)) as silent:
             assert _closed_by_server(silent)
+
+
+@pytest.mark.slow
+def test_a_pipelined_request_trickled_byte_by_byte_is_disconnected(tmp_path: Path) -> None:
+    """The second of two pipelined requests is read when the first one's response ends, not as data arrives: the
+    deadline was never set for it, and a byte every half second (no token needed) held the connection for good."""
+    env = child_env(tmp_path, GPUBOX_HTTP_REQUEST_TIMEOUT_SECONDS="1")
+    with running_http_server(tmp_path, env=env) as (base, _, _, _):
+        port = urlsplit(base).port
+        assert port is not None
+        host = f"Host: 127.0.0.1:{port}\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(
+                f"GET /health HTTP/1.1\r\n{host}\r\nPOST /mcp HTTP/1.1\r\n{host}Content-Length: 100000\r\n\r\n".encode()
+            )
+            stop = threading.Event()
+
+            def trickle() -> None:
+                while not stop.wait(0.2):
+                    try:
+                        slow.sendall(b"{")
+                    except OSError:
+                        return
+
+            sender = threading.Thread(target=trickle, daemon=True)
+            sender.start()
+            try:
+                assert _closed_by_server(slow)
+            finally:
+                stop.set()
+                sender.join()
 
 
 @pytest.mark.slow
