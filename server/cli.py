@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
@@ -134,14 +135,15 @@ def _doctor(ns: argparse.Namespace) -> int:
     from gpubox.doctor import render, report
 
     rep = report(_load_settings(ns))
-    print(rep.model_dump_json(indent=2) if ns.json else render(rep))
+    # json.dumps escapes a path's undecodable bytes (a surrogate) where model_dump_json refused to serialise them
+    print(json.dumps(rep.model_dump(mode="json"), indent=2) if ns.json else render(rep))
     return 0
 
 
 def _client_config(ns: argparse.Namespace) -> int:
     from gpubox.clientconfig import snippet
 
-    cfg, note = snippet(ns.target, _client_settings(ns), name=ns.name)
+    cfg, note = snippet(ns.target, _client_settings(ns), name=ns.name, config=ns.config)
     print(note, file=sys.stderr)
     print(json.dumps(cfg, indent=2))
     return 0
@@ -210,6 +212,9 @@ def _settings_problem(exc: ValidationError) -> str:
     return "invalid settings: " + "; ".join(lines)
 
 
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP}
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
@@ -219,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ValidationError as exc:  # settings from flags, env or TOML that do not validate
         print(f"gpubox: {_settings_problem(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in _PATH_ERRNOS or exc.filename is None:
+            raise
+        # a path from a flag, env or TOML the system refuses to look at (a name over 255 bytes, a folder this user
+        # cannot enter): one line naming it, not a traceback
+        print(f"gpubox: {exc.filename}: {exc.strerror}; check that path", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

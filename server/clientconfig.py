@@ -31,13 +31,18 @@ def _path_list(paths: list[Path]) -> str:
     return json.dumps([str(p) for p in paths], ensure_ascii=False)
 
 
-def stdio_env(settings: Settings) -> dict[str, str]:
-    # The stdio child's environment is allow-listed by MCP clients: pass what the server needs.
+def stdio_env(settings: Settings, config: Path | None = None) -> dict[str, str]:
+    """The stdio child's environment (allow-listed by MCP clients): what the server needs, the TOML file given with
+    --config (its other settings were dropped: the installed server ran on defaults) and a log level set anywhere."""
     env = {
         "GPUBOX_STATE_DIR": str(settings.state_dir),
         "GPUBOX_ALLOWED_ROOTS": _path_list(settings.allowed_roots),
         "HF_HUB_OFFLINE": "1",
     }
+    if config is not None:
+        env["GPUBOX_CONFIG"] = os.path.abspath(config)  # the client starts the server in a working folder of its own
+    if settings.log_level != Settings.model_fields["log_level"].default:
+        env["GPUBOX_LOG_LEVEL"] = settings.log_level
     # Only a restriction the installing shell has: a default would hide every GPU but the first.
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -48,10 +53,12 @@ def stdio_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def snippet(target: Target, settings: Settings, name: str = "gpubox") -> tuple[dict[str, Any], str]:
+def snippet(
+    target: Target, settings: Settings, name: str = "gpubox", config: Path | None = None
+) -> tuple[dict[str, Any], str]:
     """(JSON config, human note) for `target`."""
     command, args = server_command()
-    env = stdio_env(settings)
+    env = stdio_env(settings, config)
     if target == "claude-desktop":
         note = (
             "Merge into claude_desktop_config.json (macOS: ~/Library/Application Support/Claude/, "

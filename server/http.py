@@ -85,8 +85,11 @@ def _local_names(*, ipv6_only: bool = False) -> list[str]:
 def security_settings(settings: Settings) -> TransportSecuritySettings:
     hosts = list(LOOPBACK_HOSTS)
     origins = list(LOOPBACK_ORIGINS)
-    if not is_loopback(settings.host):
-        extra = _local_names(ipv6_only=settings.host == "::") if settings.host in WILDCARD_BINDS else [settings.host]
+    if settings.host in WILDCARD_BINDS:
+        extra = _local_names(ipv6_only=settings.host == "::")
+    else:  # another loopback address (127.0.0.2) too: its own URL was refused as a foreign Host
+        extra = [] if settings.host.lower() in ("127.0.0.1", "localhost", "::1") else [settings.host]
+    if extra:
         extra = [_bracket(n) for n in extra]
         hosts += [f"{n}:*" for n in extra]
         origins += [f"http://{n}:*" for n in extra] + [f"https://{n}:*" for n in extra]

@@ -24,6 +24,7 @@ a file that does not parse is refused and left untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ Client = Literal["claude-desktop", "claude-code", "cursor", "vscode", "codex"]
 CLIENTS: tuple[Client, ...] = ("claude-desktop", "claude-code", "cursor", "vscode", "codex")
 Action = Literal["written", "unchanged", "removed", "absent"]
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _BEARER = re.compile(r'(Bearer )(?:[^"\\\n]|\\.)+')  # to the closing quote: a token may hold spaces, \" and \\
 _SERVERS_KEY: dict[Client, str] = {
     "claude-desktop": "mcpServers",
@@ -167,7 +169,8 @@ def _redact(text: str, server: Stdio | Remote) -> str:
 def _read(path: Path) -> str:
     """The file's text, "" when it does not exist; ConfigError for one that is not UTF-8 or cannot be read."""
     try:
-        return path.read_text(encoding="utf-8") if path.is_file() else ""
+        # bytes decoded, not read_text: its newline translation turned a CRLF file into LF when written back
+        return path.read_bytes().decode("utf-8") if path.is_file() else ""
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); gpubox will not rewrite it: save it as "
@@ -184,7 +187,12 @@ def _load_json(path: Path, servers_key: str) -> tuple[dict[str, Any], dict[str, 
     if not text.strip():
         return {}, {}
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except _Unwritable as exc:
+        raise ConfigError(
+            f"{path} holds the number {exc}, which JSON cannot write back as it is (it reads as infinite or is not "
+            "JSON); gpubox will not rewrite it: add the entry by hand (`--print` shows it). The file was not changed."
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); gpubox will not "
@@ -199,8 +207,26 @@ def _load_json(path: Path, servers_key: str) -> tuple[dict[str, Any], dict[str, 
     return doc, servers
 
 
+class _Unwritable(ValueError):
+    """A number json.dumps would not write back as it was read (1e400 became Infinity, which is not JSON)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _Unwritable(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Unwritable(text)
+    return value
+
+
 def _json_text(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    # a lone surrogate (a cut emoji escape such as "\ud83d" in a client's history) cannot be written as UTF-8:
+    # written back as the escape it was read from
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _backup(path: Path, now: datetime) -> Path:
@@ -239,6 +265,10 @@ def _write(path: Path, text: str, secret: bool, now: datetime) -> Path | None:
     inside)."""
     target = _write_target(path)
     try:
+        data = text.encode("utf-8")  # before the backup: text that cannot be written leaves no backup behind
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.reason} in the new text; the file was not changed") from None
+    try:
         target.parent.mkdir(parents=True, exist_ok=True)
         existed = target.is_file()
         backup = _backup(path, now) if existed else None
@@ -248,8 +278,8 @@ def _write(path: Path, text: str, secret: bool, now: datetime) -> Path | None:
     except OSError as exc:
         raise ConfigError(f"cannot write {path} ({exc.strerror or exc}); check its folder's permissions") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(tmp, mode & ~0o077 if secret else mode)
         os.replace(tmp, target)
     except BaseException as exc:

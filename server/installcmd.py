@@ -66,7 +66,7 @@ def _server(ns: argparse.Namespace, load_settings: LoadSettings) -> Stdio | Remo
         from gpubox.clientconfig import server_command, stdio_env
 
         command, args = server_command()
-        return Stdio(command, args, stdio_env(load_settings(ns)))
+        return Stdio(command, args, stdio_env(load_settings(ns), ns.config))
     from gpubox.configfiles import read_token_file
     from gpubox.settings import is_loopback
 

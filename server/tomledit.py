@@ -166,24 +166,35 @@ def _checked(text: str, doc: dict[str, Any], table: Table, entry: dict[str, Any]
     return text
 
 
+def _lines(text: str) -> tuple[list[str], str]:
+    """The lines of `text` split at "\n" only, each keeping a "\r" it had (str.splitlines also split at U+2028 or
+    U+0085 inside a string or a comment, and dropped CRLF endings); and "\r" when the file has CRLF endings, for the
+    lines gpubox adds."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines, "\r" if "\r\n" in text else ""
+
+
 def set_table(text: str, table: Table, entry: dict[str, Any], path: Path) -> str:
     """`text` with `table` replaced by `entry` where it was, or appended at the end."""
     doc = parse(text, path)
-    lines = text.splitlines()
-    block = render(table, entry).splitlines()
+    lines, cr = _lines(text)
+    block = [line + cr for line in render(table, entry).split("\n")[:-1]]
     spans = _spans(lines, table)
     if spans:  # in place of the first span; later ones (sub-tables defined further down) go
         start, end = spans[0]
         rest = _without(lines, spans[1:])
         new = rest[:start] + block + rest[end:]
     else:
-        new = ([*lines, ""] if lines and lines[-1].strip() else lines) + block
+        new = ([*lines, cr] if lines and lines[-1].strip() else lines) + block
     return _checked("\n".join(new) + "\n", doc, table, entry, path)
 
 
 def remove_table(text: str, table: Table, path: Path) -> str:
     doc = parse(text, path)
-    lines = _without(text.splitlines(), _spans(text.splitlines(), table))
+    lines = _lines(text)[0]
+    lines = _without(lines, _spans(lines, table))
     while lines and not lines[-1].strip():
         lines.pop()
     return _checked("\n".join(lines) + "\n" if lines else "", doc, table, None, path)

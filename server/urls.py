@@ -13,6 +13,9 @@ def check_http_url(url: str, what: str, example: str) -> str:
     """`url` when it is http(s) with a host and a port from 1 to 65535; else an InvalidInputError naming `what`
     (the argument) and showing `example`."""
     shown = repr(url[:200])
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        # urlsplit drops tab, CR and LF before it parses, so they passed the check and reached the config file
+        raise InvalidInputError(f"{what} {shown} holds a space or a control character; {example}")
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError for a port that is not a number or is above 65535
