@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import mmap
+import subprocess
+import sys
 from typing import Any
 
 import anyio
@@ -106,6 +109,24 @@ async def test_a_worker_over_its_time_limit_is_killed_and_reported(bench_client:
 async def test_bad_shapes_are_refused_with_a_clear_message(bench_client: Client) -> None:
     assert "empty list" in await call_err(bench_client, "bench_attention", head_dim=[], device="cpu")
     assert "greater than or equal to 1" in await call_err(bench_client, "bench_attention", head_dim=0, device="cpu")
+
+
+async def test_a_long_list_of_bad_values_is_refused_by_its_length(bench_client: Client) -> None:
+    # 20,000 out-of-range values were checked (and each error logged) one by one, holding the event loop ~10 s
+    text = await call_err(bench_client, "bench_attention", head_dim=list(range(5000, 25000)), device="cpu")
+    assert "at most 64 items" in text and text.count("less than or equal to 4096") <= 1
+    text = await call_err(bench_client, "bench_attention", seq_len=[64] * 17, device="cpu")
+    assert "at most 16 items" in text
+
+
+def test_a_cpu_worker_reports_its_own_peak_memory_not_the_one_it_inherited() -> None:
+    """Linux carries ru_maxrss over exec: a worker started by a large server would report the server's size."""
+    ballast = bytearray(768 * 2**20)
+    ballast[:: mmap.PAGESIZE] = b"\x01" * len(ballast[:: mmap.PAGESIZE])  # touched: resident in this process
+    code = "from gpubox.tools.bench.attention import peak_memory_mb; print(peak_memory_mb(False))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    del ballast
+    assert 1 < float(out.stdout) < 384  # a bare interpreter, far below the 768 MiB this process holds
 
 
 def test_a_backend_over_tolerance_is_flagged_and_never_wins() -> None:

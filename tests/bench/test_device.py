@@ -17,6 +17,8 @@ from tests.conftest import call_err, call_ok, call_result
 
 pytestmark = pytest.mark.anyio
 CPU_DEVICE = {"device": "cpu", "buffer_mb": 32, "matmul_size": 256, "iterations": 2}
+# the smallest CPU run that may calibrate (calibrate.CALIBRATION_MIN)
+CPU_CALIBRATION = {"device": "cpu", "buffer_mb": 128, "matmul_size": 512, "iterations": 3}
 
 
 async def test_bench_device_on_cpu_measures_ram_bandwidth_and_blas_gflops(bench_client: Client) -> None:
@@ -39,7 +41,7 @@ async def test_bench_device_on_cpu_measures_ram_bandwidth_and_blas_gflops(bench_
 
 async def test_a_cpu_device_calibration_is_stored_and_used_by_the_next_estimate(bench_client: Client) -> None:
     before = await call_ok(bench_client, "estimate_inference", model="Llama-3-8B", gpu="local")
-    data = await call_ok(bench_client, "bench_device", **CPU_DEVICE)
+    data = await call_ok(bench_client, "bench_device", **CPU_CALIBRATION)
     assert data["calibration"].startswith("stored as a device calibration for 'cpu'")
     measured = {f["name"]: f["measured"] for f in data["figures"]}
     bandwidth = round(max(measured["memory_copy"], measured["memory_triad"]), 3)
@@ -55,6 +57,18 @@ async def test_a_cpu_device_calibration_is_stored_and_used_by_the_next_estimate(
     default_bw = next(f["datasheet"] for f in data["figures"] if f["name"] == "memory_copy")
     if abs(bandwidth - default_bw) > 0.02 * default_bw:  # closer (51.18 measured vs 51.2 seen once), both round alike
         assert (new < old) == (bandwidth < default_bw) and new != old
+
+
+async def test_a_tiny_device_run_is_not_stored_as_the_calibration_and_says_why(bench_client: Client) -> None:
+    # such a run once measured 0.1% of the datasheet, and every estimate then used it
+    tiny = {"device": "cpu", "matmul_size": 128, "buffer_mb": 16, "iterations": 1}
+    data = await call_ok(bench_client, "bench_device", **tiny)
+    assert data["status"] == "complete"
+    said = data["calibration"]
+    assert said.startswith("nothing stored: this run is too small") and "run bench_device with the default" in said
+    assert "matmul_size 128 < 512" in said and "buffer_mb 16 < 128" in said and "iterations 1 < 3" in said
+    profiles = await call_ok(bench_client, "estimate_calibrations", kind="device")
+    assert data["run_id"] not in json.dumps(profiles)
 
 
 async def test_a_run_replots_against_an_earlier_one(bench_client: Client) -> None:

@@ -252,3 +252,18 @@ async def test_the_idle_warning_reaches_a_connected_client_as_an_mcp_log_message
         assert "no request for" in text and "dry run" in text
     finally:
         mcp.state.close()
+
+
+@pytest.mark.anyio
+async def test_a_budget_lasting_past_the_year_9999_gives_no_end_date_and_gpu_status_still_answers(
+    tmp_path: Path,
+) -> None:
+    # both within the settings' bounds: a million dollars at a cent an hour lasts 11,000 years
+    mcp = build_server(_settings(tmp_path, hourly_usd=0.01, budget_usd=1_000_000))
+    try:
+        async with Client(mcp) as client:
+            session = (await call_ok(client, "gpu_status"))["session"]
+            assert session["budget_usd"] == 1_000_000 and session["budget_runs_out_at"] is None
+            assert session["budget_left_usd"] == pytest.approx(1_000_000, abs=0.01)
+    finally:
+        mcp.state.close()

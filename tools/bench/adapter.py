@@ -21,6 +21,10 @@ from gpubox.tools.bench.service import BenchService
 
 SeqLen = Annotated[int, Field(ge=1, le=262_144)]
 HeadDim = Annotated[int, Field(ge=1, le=4096)]
+# the lengths bounded in the schema, not only after it: a list of 20,000 bad values would otherwise be checked
+# (and each error formatted) item by item on the event loop before any check of ours runs
+SeqLens = Annotated[list[SeqLen], Field(max_length=16)]
+HeadDims = Annotated[list[HeadDim], Field(max_length=64)]
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DeviceArg = Literal["auto", "cuda", "cpu"]
 Queue = Annotated[bool, Field(description="Wait if the device is busy")]
@@ -78,10 +82,10 @@ def register(mcp: MCPServer[Any]) -> None:
         batch: Annotated[int, Field(ge=1, le=256)] = 1,
         heads: Annotated[int | None, Field(ge=1, le=1024, description="Default 48 GPU / 4 CPU")] = None,
         seq_len: Annotated[
-            SeqLen | list[SeqLen] | None, Field(description="Up to 16 values; default 8192 GPU / 256 CPU")
+            SeqLen | SeqLens | None, Field(description="Up to 16 values; default 8192 GPU / 256 CPU")
         ] = None,
         head_dim: Annotated[
-            HeadDim | list[HeadDim] | None,
+            HeadDim | HeadDims | None,
             Field(description="Up to 64 values; default a 64-1024 sweep GPU / 32, 64 CPU"),
         ] = None,
         dtype: Annotated[Literal["auto", "fp16", "bf16", "fp32"], Field(description="'auto': fp16 GPU, fp32 CPU")] = (

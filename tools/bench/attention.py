@@ -264,7 +264,7 @@ def run(params: dict[str, Any], emit: Emit) -> None:
             del q, k, v, ref, grad
             if cuda:
                 torch.cuda.empty_cache()
-    emit({"type": "done", "peak_memory_mb": max(peak, peak_memory_mb(cuda))})
+    emit({"type": "done", "peak_memory_mb": max(peak, peak_memory_mb(cuda)) or None})  # None: not measurable
 
 
 def measure(
@@ -342,13 +342,15 @@ def measure(
 
 
 def peak_memory_mb(cuda: bool) -> float:
+    """Peak device memory on a GPU; on the CPU the worker's own VmHWM, not ru_maxrss, which Linux carries over
+    across exec from the server the worker was started by (0.0 where /proc cannot tell)."""
     if cuda:
         import torch
 
         return torch.cuda.max_memory_allocated() / 2**20
-    import resource
+    from gpubox.tools.bench.worker import host_peak_bytes
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return (host_peak_bytes() or 0) / 2**20
 
 
 def cpu_name() -> str:

@@ -23,6 +23,29 @@ TFLOPS_KEYS = {
 }
 
 
+# The smallest run whose figures stand for the device: below these, caches (a GPU's L2 is up to ~126 MB, a
+# server CPU's L3 hundreds of MB with 3D V-cache: the three buffers together must outgrow it) and per-call
+# overhead dominate, and a 128×128 matmul measured 0.1% of the datasheet. The tools' defaults are well above.
+CALIBRATION_MIN = {
+    "cuda": {"matmul_size": 4096, "buffer_mb": 256, "iterations": 3},
+    "cpu": {"matmul_size": 512, "buffer_mb": 128, "iterations": 3},
+}
+
+
+def too_small(device: str, sizes: dict[str, Any] | None) -> str | None:
+    """Why a run is too small to calibrate the device, in words; None when it is representative."""
+    floor = CALIBRATION_MIN["cuda" if device == "cuda" else "cpu"]
+    if not isinstance(sizes, dict):
+        return "nothing stored: the worker did not report the sizes it measured with"
+    short = [f"{k} {sizes.get(k, 0)} < {v}" for k, v in floor.items() if sizes.get(k, 0) < v]
+    if not short:
+        return None
+    return (
+        f"nothing stored: this run is too small to stand for the device ({', '.join(short)}; caches and call "
+        "overhead dominate), so estimates keep their figures; run bench_device with the default sizes to calibrate"
+    )
+
+
 def datasheet(est: Estimator, device: str, name: str) -> tuple[Any | None, Sheet]:
     """(the estimator's spec for this device or None, figure name -> (datasheet value, source)).
 

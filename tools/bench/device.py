@@ -111,15 +111,6 @@ def run(params: dict[str, Any], emit: Emit) -> None:
         return
     dev = torch.device("cuda" if cuda else "cpu")
     iterations = params.get("iterations") or (10 if cuda else 5)
-    emit(
-        {
-            "type": "env",
-            "device": dev.type,
-            "device_name": torch.cuda.get_device_name(dev) if cuda else cpu_name(),
-            "versions": versions(torch),
-            "threads": torch.get_num_threads(),
-        }
-    )
     if cuda:
         free = torch.cuda.mem_get_info(dev)[0]
         nbytes = int(min(params.get("buffer_mb") or 1024, free / 8 / 2**20)) * 2**20
@@ -127,8 +118,19 @@ def run(params: dict[str, Any], emit: Emit) -> None:
         import psutil
 
         nbytes = int(min(params.get("buffer_mb") or 256, psutil.virtual_memory().available / 8 / 2**20)) * 2**20
-    bandwidth(emit, torch, dev, nbytes, iterations, cuda)
     n = params.get("matmul_size") or (8192 if cuda else 1024)
+    emit(
+        {
+            "type": "env",
+            "device": dev.type,
+            "device_name": torch.cuda.get_device_name(dev) if cuda else cpu_name(),
+            "versions": versions(torch),
+            "threads": torch.get_num_threads(),
+            # the sizes really used (the buffer shrinks to fit free memory): whether the run can calibrate
+            "sizes": {"matmul_size": n, "buffer_mb": nbytes // 2**20, "iterations": iterations},
+        }
+    )
+    bandwidth(emit, torch, dev, nbytes, iterations, cuda)
     for dtype in ("fp32", "tf32", "bf16", "fp16", "fp8") if cuda else ("fp32", "fp64"):
         matmul(emit, torch, dev, dtype, n, iterations, cuda)
     if cuda:

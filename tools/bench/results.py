@@ -7,6 +7,7 @@ here and stores what comes back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from gpubox.tools.bench.schemas import (
 from gpubox.tools.bench.worker import WorkerOutcome
 from gpubox.tools.estimate.service import Estimator
 
+TIMES = ("time_ms", "time_ms_min", "time_ms_max", "tflops")
 CPU_BASELINE = "sdpa_math"
 GPU_BASELINE = "sdpa_efficient"
 
@@ -36,11 +38,13 @@ def attention_result(
     device = env.get("device", "unknown")
     if baseline == "auto":
         baseline = GPU_BASELINE if device == "cuda" else CPU_BASELINE
-    rows = [tidy({k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "row"]
+    rows, unusable = split_unusable(
+        [tidy({k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "row"]
+    )
     rank(rows, baseline)
     skipped = [
         SkippedBackend(**{k: v for k, v in e.items() if k != "type"}) for e in outcome.events if e["type"] == "skip"
-    ]
+    ] + unusable
     mode = (" causal" if params["causal"] else "") + (" fwd+bwd" if params["backward"] else "")
     name = env.get("device_name", device)
     title = f"{name} · {env.get('dtype', '?')} · B={params['batch']} H={env.get('heads')}{mode}"
@@ -83,8 +87,9 @@ def attention_result(
 
 
 def device_result(run_id: str, outcome: WorkerOutcome, est: Estimator) -> tuple[DeviceBench, list[plots.Plot]]:
-    """The measured figures against the datasheet; a complete run is recorded as this device's calibration."""
-    from gpubox.tools.bench.calibrate import datasheet, record
+    """The measured figures against the datasheet; a complete run of representative size is recorded as this
+    device's calibration."""
+    from gpubox.tools.bench.calibrate import datasheet, record, too_small
 
     env = next((e for e in outcome.events if e["type"] == "env"), {})
     device, name = env.get("device", "unknown"), env.get("device_name", "unknown")
@@ -104,11 +109,10 @@ def device_result(run_id: str, outcome: WorkerOutcome, est: Estimator) -> tuple[
                 detail=e["detail"],
             )
         )
-    calibration = (
-        record(est, device, spec, figures, run_id)
-        if outcome.status == "complete"
-        else f"nothing stored: the run {outcome.status.replace('_', ' ')}"
-    )
+    if outcome.status != "complete":
+        calibration = f"nothing stored: the run {outcome.status.replace('_', ' ')}"
+    else:
+        calibration = too_small(device, env.get("sizes")) or record(est, device, spec, figures, run_id)
     result = DeviceBench(
         run_id=run_id,
         status=outcome.status,  # type: ignore[arg-type]
@@ -147,12 +151,33 @@ def optional_plots(draw: Callable[[], list[plots.Plot]], notes: list[str]) -> li
 
 
 def tidy(row: dict[str, Any]) -> dict[str, Any]:
-    """Four significant figures: more would be noise between two runs of the same kernel."""
-    for k in ("time_ms", "time_ms_min", "time_ms_max", "tflops", "peak_memory_mb", "max_abs_error"):
-        if isinstance(row.get(k), float):
-            row[k] = float(f"{row[k]:.4g}")
-    row["spread_pct"] = round(row.get("spread_pct", 0.0), 1)
+    """Four significant figures: more would be noise between two runs of the same kernel.
+
+    NaN and inf have no JSON form (they go out as null, which a client checking the output schema rejects, losing
+    the whole result): a figure that is not finite becomes None, and an output error that is not finite (a kernel
+    that wrote NaN) is never within tolerance."""
+    for k in (*TIMES, "peak_memory_mb", "max_abs_error", "spread_pct"):
+        v = row.get(k)
+        if isinstance(v, float):
+            row[k] = float(f"{v:.4g}") if math.isfinite(v) else None
+    if row.get("max_abs_error") is None:
+        row["within_tolerance"] = False
+    spread = row.get("spread_pct", 0.0)
+    row["spread_pct"] = round(spread, 1) if spread is not None else None
     return row
+
+
+def split_unusable(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[SkippedBackend]]:
+    """Rows whose timing is not a finite number measured nothing: they are reported as skips, not ranked."""
+    good, unusable = [], []
+    for r in rows:
+        bad = [k for k in (*TIMES, "spread_pct") if r.get(k) is None]
+        if not bad:
+            good.append(r)
+            continue
+        why = f"its timing was not a finite number ({', '.join(bad)}): the measurement is unusable; run it again"
+        unusable.append(SkippedBackend(backend=r["backend"], head_dim=r["head_dim"], seq_len=r["seq_len"], reason=why))
+    return good, unusable
 
 
 def rank(rows: list[dict[str, Any]], baseline: str) -> None:

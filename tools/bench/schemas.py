@@ -21,7 +21,9 @@ class AttentionRow(BaseModel):
     spread_pct: float = Field(description="(p90 - p10) / median, %: how steady the measurement was")
     tflops: float = Field(description="4·B·H·N²·D / time (halved when causal, ×2.5 with backward)")
     speedup: float | None = Field(None, description="Baseline time / this time at the same shape")
-    max_abs_error: float = Field(description="Largest |output − math reference| (reference in fp32)")
+    max_abs_error: float | None = Field(
+        description="Largest |output − math reference| (reference in fp32); None: the output held NaN or inf"
+    )
     within_tolerance: bool = Field(description="False: numerically off, so the row is flagged and not ranked")
     peak_memory_mb: float | None = Field(None, description="Peak device memory of this backend at this shape (GPU)")
     winner: bool = False

@@ -5,6 +5,7 @@ What a finished run's events become (ranking, plots, the device calibration) is 
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -20,10 +21,22 @@ from gpubox.settings import Settings
 from gpubox.tools.bench import footprint, plots
 from gpubox.tools.bench.results import attention_result, device_result
 from gpubox.tools.bench.runs import RunStore, uri
-from gpubox.tools.bench.schemas import AttentionBench, DeviceBench, PlotRef, PlotResult, RunList, RunSummary
+from gpubox.tools.bench.schemas import (
+    BACKENDS,
+    AttentionBench,
+    DeviceBench,
+    PlotRef,
+    PlotResult,
+    RunList,
+    RunSummary,
+)
 from gpubox.tools.bench.worker import WorkerOutcome, run_worker
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
+
+log = logging.getLogger("gpubox.bench")
+# what reading a stored record of the wrong shape raises (a key missing, a list for a dict, text for a number)
+DAMAGE = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 
 def active_finetune_jobs(settings: Settings) -> list[str]:
@@ -76,16 +89,18 @@ class BenchService:
                 )
             if not self._lock.acquire(blocking=False):
                 raise BusyError(f"another benchmark ({self.active}) is running; call again, or pass queue=true")
+            self.active = what  # before the reservation's await: a caller refused meanwhile reads whose run it is
             try:
                 await anyio.to_thread.run_sync(
                     lambda: self.ledger.reserve(owner, "benchmark", needs, "waiting for the benchmark to end", key=key)
                 )
             except BaseException:
+                self.active = None
                 self._lock.release()
                 raise
         else:
             await self._queue(owner, needs, progress, key)
-        self.active = what
+            self.active = what  # no await since _queue took the lock
         return owner
 
     async def _queue(self, owner: str, needs: dict[str, float], progress: Progress | None, key: str | None) -> None:
@@ -136,11 +151,19 @@ class BenchService:
             raise
 
     def _release(self, owner: str, peak: object) -> None:
-        if isinstance(peak, dict):  # before the release: a peak above the estimate is remembered for its key
-            self.ledger.update(owner, measured=peak)
-        self.ledger.release(owner)
-        self.active = None
-        self._lock.release()
+        """Give back the reservation and the lock whatever fails on the way: a lock left held would refuse every
+        later benchmark until the server restarts."""
+        try:
+            if isinstance(peak, dict):  # before the release: a peak above the estimate is remembered for its key
+                self.ledger.update(owner, measured=peak)
+        except Exception:  # only the next run's estimate is lost: the measurements stand
+            log.warning("could not record the peak memory of %s", owner, exc_info=True)
+        finally:
+            try:
+                self.ledger.release(owner)
+            finally:
+                self.active = None
+                self._lock.release()
 
     async def _run(
         self,
@@ -157,12 +180,14 @@ class BenchService:
         key = footprint.key(task, params, needs)
         owner = await self._admit(task, needs, queue, progress, key)
         done = 0
+        shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
 
         async def on_event(event: dict[str, Any]) -> None:
             nonlocal done
             if progress is None or event.get("type") not in ("row", "skip", "figure"):
                 return
-            done += 1
+            # a backend missing on this machine is one skip for every shape (no head_dim): it counts for all of them
+            done += shapes if event["type"] == "skip" and event.get("head_dim") is None else 1
             label = event.get("backend") or event.get("name") or ""
             shape = f" D={event['head_dim']} N={event['seq_len']}" if event.get("head_dim") else ""
             await progress(done, total, f"{event['type']} {label}{shape}")
@@ -195,8 +220,10 @@ class BenchService:
         progress: Progress | None = None,
         queue: bool = False,
     ) -> tuple[AttentionBench, list[plots.Plot]]:
+        # one row or skip per backend and shape; without backends the worker runs all of them. Without head_dims
+        # the default sweep depends on the device the worker finds, so there is no total
         n_shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
-        total = float(n_shapes * len(params.get("backends") or [1])) if params.get("head_dims") else None
+        total = float(n_shapes * len(params.get("backends") or BACKENDS)) if params.get("head_dims") else None
         outcome = await self._run("attention", params, time_limit_s, progress, total, queue)
         run_id = self.runs.new_id("attention")
         result, figs = await anyio.to_thread.run_sync(lambda: self._attention_result(run_id, params, baseline, outcome))
@@ -253,12 +280,42 @@ class BenchService:
         )
 
     def list(self, limit: int) -> RunList:
-        out = [self.summary(rec, rec["result"]["run_id"]) for rec in self.runs.list(limit)]
+        out: list[RunSummary] = []
+        for run_id, rec in self.runs.records():
+            try:
+                out.append(self.summary(rec, run_id))
+            except DAMAGE as exc:  # a record of the wrong shape: list the rest
+                log.warning("bench run %s left out of the list: its record is damaged (%r)", run_id, exc)
+            if len(out) >= limit:
+                break
         return RunList(runs=out, directory=str(self.runs.root))
 
     def replot(self, run_id: str, against: str | None) -> tuple[PlotResult, list[plots.Plot]]:
         rec = self.runs.load(run_id)
         old = self.runs.load(against) if against else None
+        try:
+            return self._replot(run_id, rec, against, old)
+        except DAMAGE as exc:  # a field missing or of the wrong type: say which run, not the SDK's bare error
+            why = f"{type(exc).__name__}: {exc}"
+            if old is None or not self._summarises(rec, run_id):
+                raise self.runs.damaged(run_id, why) from exc
+            if against and not self._summarises(old, against):
+                raise self.runs.damaged(against, why) from exc
+            raise NotFoundError(
+                f"runs '{run_id}' and '{against}' cannot be plotted together ({why}): one record is damaged. "
+                f"Plot each alone to find it, and remove its folder under {self.runs.root}"
+            ) from exc
+
+    def _summarises(self, rec: dict[str, Any], run_id: str) -> bool:
+        try:
+            self.summary(rec, run_id)
+        except DAMAGE:
+            return False
+        return True
+
+    def _replot(
+        self, run_id: str, rec: dict[str, Any], against: str | None, old: dict[str, Any] | None
+    ) -> tuple[PlotResult, list[plots.Plot]]:
         if old is not None and old["kind"] != rec["kind"]:
             raise InvalidInputError(
                 f"run {against} is a {old['kind']} run and {run_id} an {rec['kind']} run; compare runs of the same kind"

@@ -108,13 +108,9 @@ def peak_memory_gb() -> dict[str, float]:
     reserved at most plus the CUDA context (which torch does not count). The server remembers it for the next run
     of the same benchmark (box footprints). Whatever cannot be read is left out: the run's results stand."""
     out: dict[str, float] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            hwm = next((line for line in f if line.startswith("VmHWM:")), None)
-        if hwm is not None:
-            out["host"] = int(hwm.split()[1]) * 1024 / 1e9  # kB
-    except (OSError, ValueError, IndexError):
-        pass
+    hwm = host_peak_bytes()
+    if hwm is not None:
+        out["host"] = hwm / 1e9
     try:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -124,6 +120,16 @@ def peak_memory_gb() -> dict[str, float]:
     except Exception:  # a CUDA error here must not fail a finished benchmark
         pass
     return out
+
+
+def host_peak_bytes() -> int | None:
+    """This process's resident high-water mark (VmHWM), None where /proc cannot tell (not Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            hwm = next((line for line in f if line.startswith("VmHWM:")), None)
+        return int(hwm.split()[1]) * 1024 if hwm is not None else None  # kB
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 if __name__ == "__main__":

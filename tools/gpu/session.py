@@ -262,7 +262,7 @@ class SessionMeter:
         left = runs_out = None
         if budget is not None and cost is not None and price.usd_per_hour:
             left = budget - cost
-            runs_out = _iso(now + max(0.0, left) / price.usd_per_hour * 3600)
+            runs_out = _iso_or_none(now + max(0.0, left) / price.usd_per_hour * 3600)
         with self._lock:
             s = self._samples
             measured = s.busy_s + s.idle_s
@@ -377,3 +377,12 @@ async def _send_warning(session: Any, message: str) -> None:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _iso_or_none(ts: float) -> str | None:
+    """None for a moment past what a datetime holds (year 9999): a large budget at a small price lasts that long,
+    and a report that fails on it would take gpu_status down with it."""
+    try:
+        return _iso(ts)
+    except (OverflowError, ValueError, OSError):
+        return None
