@@ -13,6 +13,7 @@ from mcp import Client
 
 from gpubox.app import build_server, state_of
 from gpubox.settings import Settings
+from gpubox.tools.finetune.adapter import finetuner
 from tests.conftest import call_err
 
 pytestmark = pytest.mark.anyio
@@ -34,11 +35,11 @@ def answering(action: str, asked: list[str]) -> Any:
 @pytest.mark.parametrize(
     ("action", "expect"),
     [
-        ("accept", "no fine-tuning job"),  # confirmed: the tool ran and reported the unknown job
+        ("accept", "the adapter of job abc123 is missing"),  # confirmed: the tool ran and reported the lost adapter
         ("accept-unchecked", "the user declined"),
         ("decline", "the user declined"),
         ("cancel", "the user dismissed"),
-        (None, "no fine-tuning job"),  # no elicitation capability: not asked, runs as before
+        (None, "the adapter of job abc123 is missing"),  # no elicitation capability: not asked, runs as before
     ],
 )
 async def test_a_merge_is_confirmed_first_and_a_refusal_starts_nothing(
@@ -48,15 +49,26 @@ async def test_a_merge_is_confirmed_first_and_a_refusal_starts_nothing(
     kwargs = {"elicitation_callback": answering(action, asked)} if action else {}
     mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
     try:
+        store = finetuner(state_of(mcp)).store  # a finished job whose adapter is gone: the merge itself then fails
+        store.create("abc123", "my-adapter", "smollm2-135m-instruct", "lora")
+        store.finish("abc123", "completed", result={"adapter_path": str(tmp_path / "gone")})
+        store.job_dir("abc123").mkdir(parents=True)
+        (store.job_dir("abc123") / "config.json").write_text('{"base": {"hf_path": "x"}, "adapter_dir": "y"}')
+        store.create("def456", "no-files", "smollm2-135m-instruct", "lora")  # its folder was removed by hand
+        store.finish("def456", "completed", result={"adapter_path": str(tmp_path / "gone")})
         async with Client(mcp, mode=mode, **kwargs) as c:  # type: ignore[arg-type]
             text = await call_err(c, "finetune_merge", job="abc123", gguf="q8_0")
+            unknown = await call_err(c, "finetune_merge", job="nosuchjob")
+            no_files = await call_err(c, "finetune_merge", job="def456")
     finally:
         state_of(mcp).close()
     assert expect in text, text
+    assert "no fine-tuning job or adapter named 'nosuchjob'" in unknown, unknown
+    assert "job def456 has no files left" in no_files, no_files  # an unexpected FileNotFoundError before
     if action is None:
         assert asked == []
-    else:
-        assert asked and "abc123" in asked[0] and "q8_0 GGUF" in asked[0]
+    else:  # asked once: not about the unknown job, which the tool body refuses (it was asked, then refused)
+        assert len(asked) == 1 and "'my-adapter' (job abc123)" in asked[0] and "q8_0 GGUF" in asked[0], asked
     if "declined" in expect or "dismissed" in expect:
         assert "Nothing is running" in text
         assert not (tmp_path / "s" / "models").exists() or not any((tmp_path / "s" / "models").iterdir())
@@ -73,6 +85,17 @@ async def test_a_benchmark_asks_with_its_time_limit(tmp_path: Path) -> None:
         state_of(mcp).close()
     assert asked == ["Benchmark this device for up to 42 s, holding it alone?"]
     assert "bench_device was not started" in text and runs is not None and runs["runs"] == []
+
+
+async def test_arguments_the_schema_refuses_are_refused_before_anyone_is_asked(tmp_path: Path) -> None:
+    asked: list[str] = []
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        async with Client(mcp, elicitation_callback=answering("accept", asked)) as c:
+            text = await call_err(c, "bench_attention", device="cpu", seq_len=[])  # asked, then refused before
+    finally:
+        state_of(mcp).close()
+    assert asked == [] and "seq_len" in text, (asked, text)
 
 
 async def test_confirmation_parameters_stay_out_of_the_input_schema(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ SeqLen = Annotated[int, Field(ge=1, le=262_144)]
 HeadDim = Annotated[int, Field(ge=1, le=4096)]
 # the lengths bounded in the schema, not only after it: a list of 20,000 bad values would otherwise be checked
 # (and each error formatted) item by item on the event loop before any check of ours runs
-SeqLens = Annotated[list[SeqLen], Field(max_length=16)]
-HeadDims = Annotated[list[HeadDim], Field(max_length=64)]
+SeqLens = Annotated[list[SeqLen], Field(min_length=1, max_length=16)]  # [] was confirmed, then refused
+HeadDims = Annotated[list[HeadDim], Field(min_length=1, max_length=64)]
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DeviceArg = Literal["auto", "cuda", "cpu"]
 Queue = Annotated[bool, Field(description="Wait if the device is busy")]

@@ -83,8 +83,17 @@ def confirm_launch(ctx: Context, plan_id: str) -> Any:
 
 
 def confirm_merge(ctx: Context, job: str, gguf: str = "none") -> Any:
+    state = app_state(ctx)
+    try:  # an unknown or unfinished job: the tool body says so, the user is not asked about a merge that cannot run
+        row = services.merger(state).resolve_job(finetuner(state), job)
+    except GpuboxError:
+        return go_ahead()
     extra = f" and write a {gguf} GGUF" if gguf != "none" else ""
-    return ask(ctx, f"Merge the adapter of '{job}' into a 16-bit copy of its base model{extra} (minutes, disk space).")
+    return ask(
+        ctx,
+        f"Merge adapter '{row['adapter_name']}' (job {row['id']}) into a 16-bit copy of its base model{extra} "
+        "(minutes, disk space).",
+    )
 
 
 def build_request(fields: dict[str, Any]) -> FinetuneRequest:

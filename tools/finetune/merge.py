@@ -127,12 +127,20 @@ class Merger:
             raise InvalidInputError(
                 f"job {row['id']} is {row['state']}, not completed; only a finished adapter merges; {hint}"
             )
+        if not (ft.store.job_dir(row["id"]) / "config.json").is_file():  # its folder was removed by hand
+            raise NotFoundError(
+                f"job {row['id']} has no files left in {ft.store.job_dir(row['id'])}; its adapter cannot be merged"
+            )
         return row
 
     def prepare(self, ft: Finetuner, job: str, output_name: str | None, dtype: Dtype, gguf: GgufOut) -> dict[str, Any]:
         """Validate everything and return the child process's spec; raises before anything is written."""
         row = self.resolve_job(ft, job)
-        cfg = json.loads((ft.store.job_dir(row["id"]) / "config.json").read_text(encoding="utf-8"))
+        try:
+            cfg = json.loads((ft.store.job_dir(row["id"]) / "config.json").read_text(encoding="utf-8"))
+            cfg["base"]["hf_path"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NotFoundError(f"job {row['id']}'s config.json cannot be read ({exc}); it cannot be merged") from None
         result = json.loads(row["result"]) if row["result"] else {}
         adapter = Path(result.get("adapter_path") or cfg["adapter_dir"])
         if not (adapter / "adapter_config.json").is_file():
