@@ -107,3 +107,43 @@ async def test_confirmation_parameters_stay_out_of_the_input_schema(tmp_path: Pa
         state_of(mcp).close()
     for name in ("finetune_launch", "finetune_merge", "serve_start", "bench_attention", "bench_device"):
         assert "ok" not in tools[name].input_schema["properties"], name
+
+
+async def test_work_started_anew_by_each_call_is_not_marked_safe_to_retry(tmp_path: Path) -> None:
+    """A host may retry an idempotent tool on its own: finetune_launch with queue=true queued the same training
+    twice, and infer_benchmark (marked read-only) stores a calibration."""
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        async with Client(mcp) as c:
+            tools = {x.name: x.annotations for x in (await c.list_tools()).tools}
+    finally:
+        state_of(mcp).close()
+    starts = [
+        "finetune_launch", "finetune_resume", "bench_attention", "bench_device", "estimate_record_measurement",
+        "infer_benchmark",
+    ]  # fmt: skip
+    for name in starts:
+        note = tools[name]
+        assert note is not None and note.idempotent_hint is False and note.read_only_hint is False, (name, note)
+
+
+async def test_a_resume_and_a_long_benchmark_are_confirmed_and_a_decline_starts_nothing(tmp_path: Path) -> None:
+    from gpubox.tools.inference.adapter import BENCH_ASK_TOKENS
+
+    asked: list[str] = []
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        store = finetuner(state_of(mcp)).store
+        store.create("c0ffee12", "on-purpose", "smollm2-135m-instruct", "lora")
+        store.finish("c0ffee12", "cancelled", error="cancelled by the user")
+        async with Client(mcp, elicitation_callback=answering("decline", asked)) as c:
+            resumed = await call_err(c, "finetune_resume", job_id="c0ffee12")
+            unknown = await call_err(c, "finetune_resume", job_id="deadbeef")
+            long = await call_err(c, "infer_benchmark", requests=1000, prompt_tokens=64, max_tokens=64)
+    finally:
+        state_of(mcp).close()
+    assert "resuming job c0ffee12 was not started" in resumed and "no fine-tuning job 'deadbeef'" in unknown
+    assert 1000 * 128 > BENCH_ASK_TOKENS and "infer_benchmark was not started" in long, long
+    assert len(asked) == 2 and "c0ffee12 (on-purpose, cancelled)" in asked[0], asked
+    assert "1000 requests, 128,000 tokens" in asked[1], asked
+    assert store.get("c0ffee12")["state"] == "cancelled"  # type: ignore[index]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from gpubox import services
 from gpubox.confirm import Confirmation, ask, require
 from gpubox.errors import InvalidInputError
-from gpubox.registry import READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.registry import READ_ONLY, STARTS, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.bench.plots import Plot
 from gpubox.tools.bench.schemas import AttentionBench, Backend, DeviceBench, PlotResult, RunList
@@ -62,7 +62,7 @@ def with_images(result: BaseModel, figs: list[Plot], headline: str) -> CallToolR
 def register(mcp: MCPServer[Any]) -> None:
     @gpubox_tool(
         mcp,
-        annotations=WRITES,
+        annotations=STARTS,
         title="Benchmark attention kernels",
         more=(
             "batch",
@@ -131,7 +131,7 @@ def register(mcp: MCPServer[Any]) -> None:
 
     @gpubox_tool(
         mcp,
-        annotations=WRITES,
+        annotations=STARTS,
         title="Benchmark the device",
         more=("iterations", "matmul_size", "buffer_mb", "time_limit_s"),
     )

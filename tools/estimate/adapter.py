@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from gpubox import services
 from gpubox.errors import InvalidInputError
-from gpubox.registry import COMPUTE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.registry import COMPUTE, READ_ONLY, STARTS, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.estimate.requests import QUOTED_MAX, QUOTED_MIN, Method, Optim, TrainingRequest
 from gpubox.tools.estimate.schemas import (
@@ -136,7 +136,7 @@ def register(mcp: MCPServer[Any]) -> None:
             measurements=runs[:limit], more=len(runs) > limit, devices=devices, database=str(est.store.path)
         )
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Record a measurement", more=MEASUREMENT_MORE)
+    @gpubox_tool(mcp, annotations=STARTS, title="Record a measurement", more=MEASUREMENT_MORE)
     def estimate_record_measurement(
         ctx: Context,
         kind: Literal["inference", "training"],

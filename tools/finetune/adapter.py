@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from gpubox import services
 from gpubox.confirm import Confirmation, ask, go_ahead, require
 from gpubox.errors import BusyError, GpuboxError, InvalidInputError
-from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, STARTS, WRITES, app_state, gpubox_tool
 from gpubox.state import AppState
 from gpubox.tools.finetune.merge import BYTES, Dtype, GgufOut, MergeResult
 from gpubox.tools.finetune.plot import loss_png
@@ -82,6 +82,21 @@ def confirm_launch(ctx: Context, plan_id: str) -> Any:
     )
 
 
+def confirm_resume(ctx: Context, job_id: str) -> Any:
+    """Training restarts from its checkpoint for the rest of its steps (a job may have been cancelled on purpose)."""
+    try:
+        row = finetuner(app_state(ctx)).row(job_id)
+    except GpuboxError:
+        return go_ahead()
+    if row["state"] not in ("cancelled", "failed"):
+        return go_ahead()  # the tool body says why it does not resume
+    return ask(
+        ctx,
+        f"Resume fine-tuning job {row['id']} ({row['adapter_name']}, {row['state']}) from its latest checkpoint? "
+        "It runs in the background until done or cancelled.",
+    )
+
+
 def confirm_merge(ctx: Context, job: str, gguf: str = "none") -> Any:
     state = app_state(ctx)
     try:  # an unknown or unfinished job: the tool body says so, the user is not asked about a merge that cannot run
@@ -132,7 +147,7 @@ def register(mcp: MCPServer[Any]) -> None:
     finetune_plan.__signature__ = _plan_signature()  # type: ignore[attr-defined]
     gpubox_tool(mcp, annotations=COMPUTE, title="Plan a fine-tune", more=PLAN_MORE)(finetune_plan)
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Launch a fine-tune")
+    @gpubox_tool(mcp, annotations=STARTS, title="Launch a fine-tune")
     def finetune_launch(
         ctx: Context,
         plan_id: Annotated[str, Field(min_length=1, max_length=64, description="From finetune_plan")],
@@ -173,9 +188,10 @@ def register(mcp: MCPServer[Any]) -> None:
         """Stop a job cleanly, saving a checkpoint that finetune_resume continues from."""
         return finetuner(app_state(ctx)).cancel(job_id)
 
-    @gpubox_tool(mcp, annotations=WRITES, title="Resume a fine-tune")
-    def finetune_resume(ctx: Context, job_id: JobId) -> JobStatus:
+    @gpubox_tool(mcp, annotations=STARTS, title="Resume a fine-tune")
+    def finetune_resume(ctx: Context, job_id: JobId, ok: Annotated[Confirmation, Resolve(confirm_resume)]) -> JobStatus:
         """Continue a cancelled or failed job from its latest checkpoint."""
+        require(ok, f"resuming job {job_id}")
         return finetuner(app_state(ctx)).resume(job_id)
 
     @gpubox_tool(

@@ -6,11 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Resolve
 from pydantic import Field
 
 from gpubox import services
+from gpubox.confirm import Confirmation, ask, go_ahead, require
 from gpubox.errors import InvalidInputError
-from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, WRITES, app_state, gpubox_tool
+from gpubox.registry import COMPUTE, DESTRUCTIVE, READ_ONLY, STARTS, WRITES, app_state, gpubox_tool
 from gpubox.services import models
 from gpubox.state import AppState
 from gpubox.tools.inference import service
@@ -82,6 +84,23 @@ async def served(state: AppState, model: str | None) -> tuple[EngineRecord, Live
 
 
 # sampling settings tools/list folds into `more` (gpubox.arguments); temperature and max_tokens stay in view
+# a benchmark above this many tokens in all is confirmed first: 10,000 requests of 8,192 tokens ran without a word
+BENCH_ASK_TOKENS = 50_000
+
+
+def confirm_benchmark(
+    ctx: Context, model: str | None = None, requests: int = 8, prompt_tokens: int = 128, max_tokens: int = 64
+) -> Any:
+    tokens = requests * (prompt_tokens + max_tokens)
+    if tokens <= BENCH_ASK_TOKENS:
+        return go_ahead()
+    return ask(
+        ctx,
+        f"Benchmark {model or 'the default model'} with {requests} requests, {tokens:,} tokens in all? Other requests "
+        "to that model wait behind its requests one at a time, and the result is stored as a calibration.",
+    )
+
+
 SAMPLING_MORE = ("top_p", "top_k", "repeat_penalty", "stop", "seed")
 
 
@@ -190,9 +209,10 @@ def register(mcp: MCPServer[Any]) -> None:
             return await remote.generate(engine, None, prompt, params, ctx.report_progress, model=model, live=live)
         return await service.generate(await manager_off_loop(ctx), model, None, prompt, params, ctx.report_progress)
 
-    @gpubox_tool(mcp, annotations=COMPUTE, title="Benchmark")
+    @gpubox_tool(mcp, annotations=STARTS, title="Benchmark")
     async def infer_benchmark(
         ctx: Context,
+        ok: Annotated[Confirmation, Resolve(confirm_benchmark)],
         model: ModelName = None,
         requests: Annotated[int, Field(ge=1, le=10_000)] = 8,
         concurrency: Annotated[int, Field(ge=1, le=256, description="Requests in flight")] = 1,
@@ -200,6 +220,7 @@ def register(mcp: MCPServer[Any]) -> None:
         max_tokens: Annotated[int, Field(ge=1, le=8192, description="Per request")] = 64,
     ) -> BenchmarkResult:
         """Measure a model's prefill/decode tok/s, time to first token, latency percentiles and peak memory."""
+        require(ok, "infer_benchmark")
         state = app_state(ctx)
         route = await served(state, model)
         if route is not None:
