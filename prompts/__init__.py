@@ -31,7 +31,8 @@ async def checked_get(
     error naming the argument and what it expects."""
     listed = {p.name: p for p in await mcp.list_prompts()}
     if name not in listed:
-        raise _invalid(f"unknown prompt '{name}'. Prompts: {', '.join(sorted(listed))}")
+        shown = name if len(name) <= 64 else name[:64] + "..."  # a 1 MB name came back whole
+        raise _invalid(f"unknown prompt '{shown}'. Prompts: {', '.join(sorted(listed))}")
     expected = {a.name: a for a in listed[name].arguments or []}
     given = dict(arguments or {})
     if unknown := sorted(set(given) - set(expected)):
@@ -55,7 +56,8 @@ def _invalid(message: str) -> MCPError:
 
 
 def _names(names: list[str]) -> str:
-    return ("argument " if len(names) == 1 else "arguments ") + ", ".join(f"'{n}'" for n in names)
+    shown = [n if len(n) <= 64 else n[:64] + "..." for n in names[:10]] + (["..."] if len(names) > 10 else [])
+    return ("argument " if len(names) == 1 else "arguments ") + ", ".join(f"'{n}'" for n in shown)
 
 
 def _expects(name: str, expected: Mapping[str, PromptArgument]) -> str:

@@ -75,19 +75,21 @@ class GpuboxServer(MCPServer[AppState]):
         """The SDK's tools/call with `more` unfolded, names the tool does not take refused (the SDK ignores them),
         and compact JSON text (the SDK indents it: a third more tokens for nothing)."""
         from gpubox.arguments import invalid_arguments, no_booleans, unfold
-        from gpubox.errors import InvalidInputError
+        from gpubox.errors import InvalidInputError, UnknownNameError
         from gpubox.registry import folded_parameters
 
         if self._parameters is None or name not in self._parameters:  # built once; again for a tool added later
             schemas = await self.full_schemas()
             self._parameters = {n: set(s.get("properties", {})) for n, s in schemas.items()}
             self._schemas = schemas
-        if name in self._parameters:
-            try:
-                arguments = unfold(name, arguments, self._parameters[name], folded_parameters(self).get(name, ()))
-                no_booleans(arguments, self._schemas[name])
-            except InvalidInputError as exc:
-                return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        if name not in self._parameters:  # the SDK's "Unknown tool: <name>" echoed a 1 MB name whole
+            text = str(UnknownNameError("tool", name, self._parameters, "tools/list shows them."))
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        try:
+            arguments = unfold(name, arguments, self._parameters[name], folded_parameters(self).get(name, ()))
+            no_booleans(arguments, self._schemas[name])
+        except InvalidInputError as exc:
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
         try:
             result = await super().call_tool(name, arguments, context)
         except ToolError as exc:  # pydantic's text names an internal model and links its docs on every error

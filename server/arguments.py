@@ -120,7 +120,10 @@ def invalid_arguments(exc: ValidationError, shown: int = 5) -> str:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value[: limit * 2])
+    except (ValueError, RecursionError):  # a 5,000-digit integer or a list nested 10,000 deep: not shown whole
+        text = f"a {type(value).__name__} too large or deep to show"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

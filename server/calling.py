@@ -24,6 +24,8 @@ def _coerce(raw: str, schema: dict[str, Any]) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
+    except RecursionError:
+        raise InvalidInputError("an argument is nested too deeply to send; flatten it") from None
 
 
 def parse_arguments(pairs: list[str], input_schema: dict[str, Any], tool: str = "this tool") -> dict[str, Any]:
@@ -68,6 +70,8 @@ async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[b
                 result = await client.call_tool(name, args)
             except MCPError as exc:  # a protocol error (e.g. ConfigError) is an exit status, not a traceback
                 problem = _from_protocol_error(exc)
+            except ValueError as exc:  # the client's own refusal to send it (serialization depth)
+                problem = InvalidInputError(f"the arguments cannot be sent: {exc}")
     if problem is not None:
         raise problem
     assert result is not None

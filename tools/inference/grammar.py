@@ -46,6 +46,8 @@ def check_schema(schema: Any) -> None:
         raise _bad("", "must be a JSON object")
     try:
         size = len(json.dumps(schema))
+    except RecursionError:  # nested past the interpreter's limit: far past MAX_DEPTH anyway
+        raise _bad("", "is nested too deeply; flatten it") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"json_schema is not plain JSON: {exc}") from None
     if size > MAX_SCHEMA_CHARS:
