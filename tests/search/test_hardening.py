@@ -247,3 +247,18 @@ def test_a_folder_name_no_index_name_can_hold_still_gives_one(svc: SearchService
     (svc.settings.allowed_roots[0] / folder).mkdir()
     (svc.settings.allowed_roots[0] / folder / "a.py").write_text("def a():\n    return 1\n")
     assert svc.dry_run(str(svc.settings.allowed_roots[0] / folder), None, [], [], None).name == name
+
+
+def test_index_progress_only_grows_across_its_phases() -> None:
+    """search_index reported files, then chunks, then files again: MCP progress must only increase."""
+    from gpubox.tools.search.runstate import Progress
+
+    p = Progress(files_total=200)
+    seen = []
+    for phase, files, chunks in [
+        ("walking", 0, 0), ("chunking", 100, 0), ("chunking", 200, 0), ("embedding", 200, 0), ("embedding", 200, 300),
+        ("writing", 120, 300), ("embedding", 120, 600), ("writing", 200, 1000), ("ready", 200, 1000),
+    ]:  # fmt: skip
+        p.phase, p.files_done, p.chunks_embedded, p.chunks_to_embed = phase, files, chunks, 1000
+        seen.append(p.fraction())
+    assert seen == sorted(seen) and seen[0] == 0.0 and seen[-1] == 1.0, seen

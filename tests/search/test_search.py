@@ -210,6 +210,8 @@ async def test_a_long_index_returns_early_and_finishes_in_the_background(search_
         res = await call_ok(client, "search_index", path=str(repo), name="bg")
         assert res["message"] == "up to date"
     assert events, "MCP progress notifications were expected"
+    values = [e[0] for e in events]
+    assert values == sorted(set(values)) and {e[1] for e in events} == {100}, events  # MCP: progress only grows
 
 
 async def test_resources_prompt_and_drop(search_env: Any, repo: Path) -> None:

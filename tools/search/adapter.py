@@ -49,14 +49,12 @@ def register(mcp: MCPServer[Any]) -> None:
         )
         limit = svc.settings.search_index_wait_seconds if wait_seconds is None else wait_seconds
         deadline = time.monotonic() + limit
-        last = None
+        last, reported = None, -1.0
         while progress.finished is None and time.monotonic() < deadline:
-            msg = progress.message()
-            if msg != last:
-                done = progress.chunks_embedded if progress.phase == "embedding" else progress.files_done
-                total = progress.chunks_to_embed if progress.phase == "embedding" else progress.files_total
-                await ctx.report_progress(done, total or None, message=msg)
-                last = msg
+            msg, percent = progress.message(), round(100 * progress.fraction(), 1)
+            if msg != last and percent > reported:  # the counts go in the message; the figure only grows
+                await ctx.report_progress(percent, 100, message=msg)
+                last, reported = msg, percent
             await anyio.sleep(0.2)
         return svc.result(idx, root, progress)
 

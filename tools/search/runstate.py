@@ -33,6 +33,15 @@ class Progress:
     cancel: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)  # set once finished or error is final
 
+    def fraction(self) -> float:
+        """How far the run is, 0-1, over all its phases: reading files is the first tenth, embedding (and writing
+        its batches) the rest. MCP progress must only increase: files, then chunks, went back to 0."""
+        if self.phase in ("embedding", "writing"):
+            return 0.1 + 0.9 * (self.chunks_embedded / self.chunks_to_embed if self.chunks_to_embed else 1.0)
+        if self.phase == "ready":
+            return 1.0
+        return 0.1 * (self.files_done / self.files_total if self.files_total else 0.0)
+
     def message(self) -> str:
         if self.phase == "embedding":
             return f"embedding {self.chunks_embedded}/{self.chunks_to_embed} chunks"
