@@ -47,6 +47,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     state_of(mcp).close()
 
 
+async def load_once(client: Client, name: str, backend: str) -> None:
+    """Load `name` at CTX unless this module's server holds it so already: an explicit infer_load reloads, and the
+    transformers copy takes ~20 s to dequantise (the tests share one server, and each still passes alone)."""
+    loaded = {m["name"]: m["loaded"] for m in (await call_ok(client, "infer_models"))["models"]}.get(name)
+    if not loaded or loaded["backend"] != backend or loaded["context_length"] != CTX:
+        await call_ok(client, "infer_load", name=name, backend=backend, context_length=CTX)
+
+
 def shape(error: str) -> str:
     """The error with its numbers blanked: the same text from both tools and both backends."""
     return re.sub(r"\d+", "N", error.split("context length exceeded", 1)[1])
@@ -59,7 +67,7 @@ async def test_a_given_max_tokens_beyond_the_context_is_refused_alike_and_the_mo
 ) -> None:
     chat = [{"role": "user", "content": "Tell me a long story about a dragon."}]
     async with Client(env) as client:
-        await call_ok(client, "infer_load", name=name, backend=backend, context_length=CTX)
+        await load_once(client, name, backend)
         common = {"model": name, "max_tokens": 400, "temperature": 0}
         complete_err = await call_err(client, "infer_complete", prompt="Tell me a long story about a dragon.", **common)
         chat_err = await call_err(client, "infer_chat", messages=chat, **common)
@@ -77,14 +85,13 @@ async def test_a_given_max_tokens_beyond_the_context_is_refused_alike_and_the_mo
         assert ok["completion_tokens"] > 0
         # the chat's prompt was counted with its template applied: the tokens the model evaluates
         assert f"the prompt is {ok['prompt_tokens']} tokens" in chat_err
-        await call_ok(client, "infer_unload", name=name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("backend", "name"), BACKENDS)
 async def test_an_unset_max_tokens_is_lowered_to_the_room_left_on_both_tools(env: Any, backend: str, name: str) -> None:
     async with Client(env) as client:
-        await call_ok(client, "infer_load", name=name, backend=backend, context_length=CTX)
+        await load_once(client, name, backend)
         base = {"model": name, "temperature": 0, "repeat_penalty": 1.0}
         # before: infer_complete refused the default 256 after this prompt (on both backends), and so did the
         # transformers chat, while llama.cpp's chat answered
@@ -102,7 +109,6 @@ async def test_an_unset_max_tokens_is_lowered_to_the_room_left_on_both_tools(env
         e1 = await call_err(client, "infer_complete", prompt=full, model=name)
         e2 = await call_err(client, "infer_chat", messages=[{"role": "user", "content": full}], model=name)
         assert shape(e1) == shape(e2) and "context length exceeded" in e1
-        await call_ok(client, "infer_unload", name=name)
 
 
 class Gate:
@@ -165,7 +171,7 @@ async def test_the_model_manager_is_built_off_the_event_loop(
 @pytest.mark.parametrize(("backend", "name"), BACKENDS)
 async def test_a_max_tokens_beyond_what_the_model_reads_gets_no_reload_hint(env: Any, backend: str, name: str) -> None:
     async with Client(env) as client:
-        await call_ok(client, "infer_load", name=name, backend=backend, context_length=CTX)
+        await load_once(client, name, backend)
         err = await call_err(client, "infer_complete", model=name, prompt="Once upon a time", max_tokens=8192)
     # infer_load caps context_length at the model's 8192 tokens: "reload with context_length=8197" could never help
     assert "context_length=8192 and ask for" in err and "context_length=819" + "7" not in err, err
