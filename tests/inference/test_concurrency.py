@@ -58,7 +58,7 @@ async def test_status_answers_while_one_client_generates_and_another_loads_a_mod
                 await anyio.sleep(0.2)  # leave the 2-core box some CPU for B's load
 
         async def load_other() -> None:
-            await call_ok(b, "infer_load", name="smollm2-copy", backend="transformers", context_length=256)
+            await call_ok(b, "infer_load", name="smollm2-copy", backend="llama.cpp", context_length=256)
             times["loaded"] = time.perf_counter()
             loaded.set()
 
@@ -75,7 +75,7 @@ async def test_status_answers_while_one_client_generates_and_another_loads_a_mod
         async with anyio.create_task_group() as tg:
             tg.start_soon(generate_until_stopped)
             tg.start_soon(load_other)
-            # B's transformers backend is being built (its room reserved in `_loading` right before) while A generates
+            # B's backend is being built (its room reserved in `_loading` right before) while A generates
             await wait_until(building.is_set, timeout=120)
             times["asked"] = time.perf_counter()
             for _ in range(3):
