@@ -7,6 +7,7 @@ from typing import Any
 
 from mcp import Client, MCPError
 from mcp.server.mcpserver import MCPServer
+from pydantic import ValidationError
 
 from gpubox.arguments import unknown_argument
 from gpubox.errors import ConfigError, GpuboxError, InvalidInputError, UnknownNameError
@@ -26,6 +27,8 @@ def _coerce(raw: str, schema: dict[str, Any]) -> Any:
         return raw
     except RecursionError:
         raise InvalidInputError("an argument is nested too deeply to send; flatten it") from None
+    except ValueError as exc:  # an integer over Python's 4,300-digit conversion limit
+        raise InvalidInputError(f"an argument cannot be read: {exc}") from None
 
 
 def parse_arguments(pairs: list[str], input_schema: dict[str, Any], tool: str = "this tool") -> dict[str, Any]:
@@ -70,6 +73,8 @@ async def call_tool(mcp: MCPServer[Any], name: str, pairs: list[str]) -> tuple[b
                 result = await client.call_tool(name, args)
             except MCPError as exc:  # a protocol error (e.g. ConfigError) is an exit status, not a traceback
                 problem = _from_protocol_error(exc)
+            except ValidationError:  # a result that fails its schema: the tool ran, not the arguments' fault
+                raise
             except ValueError as exc:  # the client's own refusal to send it (serialization depth)
                 problem = InvalidInputError(f"the arguments cannot be sent: {exc}")
     if problem is not None:

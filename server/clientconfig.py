@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from gpubox.errors import ConfigError
 from gpubox.settings import Settings
 
 Target = Literal["claude-desktop", "cursor", "vscode", "remote"]
@@ -50,6 +51,13 @@ def stdio_env(settings: Settings, config: Path | None = None) -> dict[str, str]:
         env["GPUBOX_MODEL_DIRS"] = _path_list(settings.model_dirs)
     if settings.tools:
         env["GPUBOX_TOOLS"] = ",".join(settings.tools)
+    for key, value in env.items():
+        if any("\ud800" <= ch <= "\udfff" for ch in value):  # bytes of a path that are not UTF-8
+            raise ConfigError(
+                f"{key} would hold {value.encode('utf-8', 'backslashreplace').decode()!r}, a path that is not UTF-8: "
+                "MCP clients write the environment as UTF-8 text, and the server would start on another folder. "
+                "Rename it or choose another"
+            )
     return env
 
 

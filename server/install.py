@@ -199,6 +199,11 @@ def _load_json(path: Path, servers_key: str) -> tuple[dict[str, Any], dict[str, 
             "rewrite it (comments, which some clients allow, would be lost): fix it, or add the "
             "entry by hand (`--print` shows it). The file was not changed."
         ) from None
+    except (ValueError, RecursionError) as exc:  # an integer over 4,300 digits, nesting past the interpreter's limit
+        raise ConfigError(
+            f"{path} cannot be read back as it is ({type(exc).__name__}); gpubox will not rewrite it: add the entry "
+            "by hand (`--print` shows it). The file was not changed."
+        ) from None
     servers = doc.get(servers_key, {}) if isinstance(doc, dict) else None
     if not isinstance(servers, dict):
         raise ConfigError(

@@ -33,6 +33,10 @@ def parse(text: str, path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{path} is not valid TOML ({exc}); fix or move it, then run again. It was not changed."
         ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path} is nested too deeply to read; gpubox will not rewrite it. It was not changed."
+        ) from None
 
 
 def _string(value: str) -> str:

@@ -99,3 +99,40 @@ def test_a_path_name_the_system_refuses_is_one_line_not_a_traceback(
     assert cli.main(["doctor", flag, long]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpubox: ") and "File name too long" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("body", ["huge-int", "deep-json"])
+def test_a_client_file_python_cannot_read_back_is_refused_unchanged(tmp_path: Path, body: str) -> None:
+    env = {"HOME": str(tmp_path / "home")}
+    path = config_path("cursor", env, "linux")
+    path.parent.mkdir(parents=True)
+    inner = "1" + "0" * 5000 if body == "huge-int" else "[" * 100_000 + "]" * 100_000
+    text = f'{{"x": {inner}, "mcpServers": {{}}}}\n'
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"cannot be read back as it is.*not changed"):
+        install("cursor", SERVER, env, "linux")  # a traceback before (ValueError / RecursionError)
+    assert path.read_text() == text and _backups(path) == []
+
+
+def test_a_codex_file_nested_past_the_interpreters_limit_is_refused_unchanged(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path / "home")}
+    path = config_path("codex", env, "linux")
+    path.parent.mkdir(parents=True)
+    text = "x = " + "[" * 100_000 + "]" * 100_000 + "\n"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        install("codex", SERVER, env, "linux")
+    assert path.read_text() == text
+
+
+def test_a_state_dir_that_is_not_utf8_is_refused_not_written_as_another_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python reads the byte 0xff of a path as a lone surrogate; written as "\\udcff" in a client's JSON, the
+    client (Node) handed the server U+FFFD instead: another state dir, after a reported success."""
+    odd = str(tmp_path) + "/st\udcff"
+    home = tmp_path / "home"
+    assert _cli(monkeypatch, home, "install", "--client", "cursor", "--state-dir", odd) == 2
+    err = capsys.readouterr().err
+    assert "GPUBOX_STATE_DIR" in err and "not UTF-8" in err, err
+    assert not config_path("cursor", {"HOME": str(home)}, "linux").exists()

@@ -62,3 +62,8 @@ async def test_gpubox_call_refuses_a_deep_argument_in_one_line(server: object) -
         await call_tool(server, "bench_list", [f"limit={'[' * 5000}1{']' * 5000}"])  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match=r"cannot be sent|nested too deeply"):
         await call_tool(server, "bench_list", [f"limit={'[' * 900}1{']' * 900}"])  # type: ignore[arg-type]
+
+
+async def test_gpubox_call_refuses_a_huge_integer_in_one_line(server: object) -> None:
+    with pytest.raises(InvalidInputError, match="cannot be read"):
+        await call_tool(server, "bench_list", ["limit=1" + "0" * 5000])  # type: ignore[arg-type]

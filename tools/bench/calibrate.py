@@ -42,7 +42,8 @@ def too_small(device: str, sizes: dict[str, Any] | None) -> str | None:
         return None
     return (
         f"nothing stored: this run is too small to stand for the device ({', '.join(short)}; caches and call "
-        "overhead dominate), so estimates keep their figures; run bench_device with the default sizes to calibrate"
+        "overhead dominate), so estimates keep their figures; run bench_device with the default sizes, with free "
+        "memory for 8 times the buffer (it shrinks to fit), to calibrate"
     )
 
 

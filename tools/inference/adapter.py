@@ -97,7 +97,7 @@ def confirm_benchmark(
     return ask(
         ctx,
         f"Benchmark {model or 'the default model'} with {requests} requests, {tokens:,} tokens in all? Other requests "
-        "to that model wait behind its requests one at a time, and the result is stored as a calibration.",
+        "to that model wait behind its requests one at a time.",
     )
 
 

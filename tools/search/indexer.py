@@ -120,8 +120,8 @@ def run_index(
     # embed only text we have never embedded (unchanged chunks of an edited file reuse their vectors)
     have = {} if retokened else store.vectors_by_hash(list({h for _, cs in scan.per_file for *_, h in cs}))
     groups, to_embed = _plan_groups(scan.per_file, have, commit_chunks)
+    progress.chunks_to_embed = to_embed  # first: a poll between the two saw "embedding 0/0", reported as 100%
     progress.phase = "embedding"
-    progress.chunks_to_embed = to_embed
     publisher = _Publisher(
         store, root, embedder, ann_threshold, meta, known, removed, vectors=have, to_embed=to_embed, t0=t0,
         rechunk=stale, retokened=retokened,
