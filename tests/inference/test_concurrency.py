@@ -202,3 +202,31 @@ async def test_requests_waiting_for_a_busy_model_hold_no_worker_thread_and_a_can
             go.set()
         await wait_until(lambda: r.busy == 0, timeout=60)
     assert prompts == ["Count: 1, 2, 3,"]  # no cancelled waiter's prompt was evaluated
+
+
+async def test_a_cancelled_load_answers_at_once_and_what_it_leaves_is_unloaded(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """infer_load ran the load in a worker thread the cancel waited for: a client's cancel returned only when the
+    load ended, and the model it no longer wanted stayed loaded."""
+    building, release = threading.Event(), threading.Event()
+    real_open = manager_mod.open_backend
+
+    def held_open(*args: Any, **kwargs: Any) -> Any:
+        building.set()
+        release.wait(120)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(manager_mod, "open_backend", held_open)
+    mgr = manager(state_of(env))
+    async with Client(env) as a, Client(env) as b:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: call_ok(a, "infer_load", name="smollm2-copy"))
+            await wait_until(building.is_set, timeout=120)
+            with anyio.fail_after(10):  # the load is held open: only a call that does not wait for it ends here
+                tg.cancel_scope.cancel()
+        assert building.is_set() and not release.is_set()
+        release.set()  # the load ends now; what it left is unloaded after it
+        await wait_until(lambda: "smollm2-copy" not in mgr.loaded() and not mgr.loading("smollm2-copy"), timeout=120)
+        listed = {m["name"]: m for m in (await call_ok(b, "infer_models"))["models"]}
+    assert listed["smollm2-copy"]["loaded"] is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
@@ -42,6 +44,7 @@ MaxTokens = Annotated[
         description="Default 256, lowered to the room the context leaves; a larger one given is refused",
     ),
 ]
+log = logging.getLogger("gpubox.inference")
 DEFAULT_MAX_TOKENS = 256
 Temperature = Annotated[float, Field(ge=0, le=5, description="0 = greedy")]
 TopP = Annotated[float, Field(gt=0, le=1)]
@@ -62,6 +65,14 @@ async def manager_off_loop(ctx: Context) -> ModelManager:
     """The model manager, from a worker thread: its first build opens the box ledger (a file lock another gpubox
     server may hold, NVML), and a caller waits there while another caller builds it."""
     return await anyio.to_thread.run_sync(manager, app_state(ctx))
+
+
+def unload_when_loaded(mgr: ModelManager, key: str) -> None:
+    """For a cancelled infer_load: waits for the load of `key` to end (unload does), then unloads what it left."""
+    try:
+        mgr.unload(key, missing_ok=True, wait=False)
+    except Exception:  # a thread of its own: nobody else would hear of it
+        log.exception("unloading %s after its cancelled load", key)
 
 
 def gen_params(max_tokens: int | None, *rest: Any) -> GenParams:
@@ -144,11 +155,19 @@ def register(mcp: MCPServer[Any]) -> None:
         """Load a model with GPU layers and context planned for free memory; evicts idle models if that makes
         room, else refuses naming who holds the memory."""
         mgr = await manager_off_loop(ctx)
-        return await anyio.to_thread.run_sync(
-            lambda: mgr.load(
-                name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s, pin
+        key = (adapter or name).lower()
+        held = key in await anyio.to_thread.run_sync(mgr.loaded)
+        try:
+            return await anyio.to_thread.run_sync(
+                lambda: mgr.load(
+                    name, backend, context_length, n_gpu_layers, kv_cache_type, quantization, adapter, keep_alive_s, pin
+                ),
+                abandon_on_cancel=True,  # a cancelled call answers at once (it waited for the whole load before)
             )
-        )
+        except anyio.get_cancelled_exc_class():
+            if not held:  # neither backend can stop a load midway: what it leaves is unloaded once it ends
+                threading.Thread(target=unload_when_loaded, args=(mgr, key), daemon=True).start()
+            raise
 
     @gpubox_tool(mcp, annotations=DESTRUCTIVE, title="Unload a model")
     async def infer_unload(ctx: Context, name: str) -> UnloadResult:
