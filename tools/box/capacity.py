@@ -100,7 +100,7 @@ def pid_alive(pid: int | None, started: float | None) -> bool:
     """True while `pid` runs and is the same process (its start time matches, so a reused pid is not it)."""
     import psutil
 
-    if pid is None:
+    if pid is None or pid <= 0:  # a damaged record's -5: psutil raised ValueError, failing every tool that read it
         return False
     try:
         p = psutil.Process(pid)
@@ -109,6 +109,12 @@ def pid_alive(pid: int | None, started: float | None) -> bool:
         return started is None or abs(p.create_time() - started) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def same_process(pid: int | None, started: float | None) -> bool:
+    """pid_alive, and only with a start time to tell: the test before a signal. Without one, a pid reused by an
+    unrelated process read as ours, and serve_stop sent it SIGTERM and SIGKILL."""
+    return started is not None and pid_alive(pid, started)
 
 
 def start_time(pid: int) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +28,16 @@ log = logging.getLogger("gpubox.box")
 ABOVE = 1.10  # a peak this far above the estimate replaces it for the next reservation
 
 
+def _sizes(entry: dict[str, object]) -> dict[str, float]:
+    """The finite sizes of one entry, none negative: a NaN had a load fit "nan GB" and reserve nothing."""
+    out = {}
+    for device, gb in entry.items():
+        value = float(gb) if isinstance(gb, int | float) and not isinstance(gb, bool) else math.nan
+        if math.isfinite(value) and value >= 0:
+            out[device] = value
+    return out
+
+
 class FootprintStore:
     """{key: {device: GB}} in one JSON file, written atomically; a damaged file only loses the history."""
 
@@ -37,7 +48,7 @@ class FootprintStore:
     def _all(self) -> dict[str, dict[str, float]]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-            return {k: {d: float(gb) for d, gb in v.items()} for k, v in data.items() if isinstance(v, dict)}
+            return {k: kept for k, v in data.items() if isinstance(v, dict) and (kept := _sizes(v))}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, AttributeError, TypeError) as exc:

@@ -35,12 +35,24 @@ class LedgerFile:
     def read(self) -> list[Holding]:
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
-            return [Holding.model_validate(h) for h in raw.get("holdings", [])]
+            entries = raw.get("holdings", [])
+            if not isinstance(entries, list):
+                raise ValueError("'holdings' is not a list")
         except FileNotFoundError:
             return []
         except (OSError, ValueError, AttributeError) as exc:  # damaged: must not stop the server; say why
             log.warning("memory ledger %s unreadable (%s); taking it as empty", self.path, exc)
             return []
+        return [h for h in map(self._holding, entries) if h is not None]
+
+    def _holding(self, entry: object) -> Holding | None:
+        """One holding, or None (logged) for a bad one: one bad entry emptied the whole ledger, live reservations
+        with it, and the box was over-committed."""
+        try:
+            return Holding.model_validate(entry)
+        except ValueError as exc:
+            log.warning("memory ledger %s: a holding is unreadable (%s); skipped", self.path, str(exc)[:300])
+            return None
 
     def write(self, mine: Iterable[Holding]) -> None:
         """Replace this server's holdings in the file, keeping live servers' and what a dead server's workers

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 Kind = Literal["inference", "engine", "finetune", "benchmark", "indexing"]
+# a ledger file is state another process wrote: a negative or NaN size let a reservation past the budget
+Gb = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Holding(BaseModel):
@@ -14,10 +16,12 @@ class Holding(BaseModel):
 
     owner: str = Field(description="Who holds it, e.g. 'model smollm2' or 'fine-tune job 3f2a'")
     kind: Kind
-    devices: dict[str, float] = Field(description="GB reserved per device ('host', 'cuda:0', ...)")
+    devices: dict[str, Gb] = Field(description="GB reserved per device ('host', 'cuda:0', ...)")
     started: str = Field(description="When the reservation was made, UTC")
     pinned: bool = Field(default=False, description="Never evicted to make room")
-    pid: int | None = Field(default=None, description="Process holding the memory; the reservation ends when it exits")
+    pid: int | None = Field(
+        default=None, gt=0, description="Process holding the memory; the reservation ends when it exits"
+    )
     pid_started: float | None = Field(default=None, description="That process's start time (guards against pid reuse)")
     frees_with: str = Field(description="The call that ends this work and frees its memory")
     server_pid: int | None = Field(default=None, description="The gpubox server that made the reservation")
@@ -25,7 +29,7 @@ class Holding(BaseModel):
         default=None, description="That server's start time (guards against pid reuse; absent in older ledger files)"
     )
     source: str = Field(default="estimator", description="Where the size comes from: 'estimator' or a measurement")
-    measured_gb: dict[str, float] | None = Field(
+    measured_gb: dict[str, Gb] | None = Field(
         default=None, description="Memory the device shows for it, when measurable"
     )
 

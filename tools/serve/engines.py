@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from gpubox.errors import BusyError, GpuboxError, InvalidInputError, NotFoundError
 from gpubox.settings import Settings
-from gpubox.tools.box.capacity import pid_alive, start_time
+from gpubox.tools.box.capacity import pid_alive, same_process, start_time
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.serve import client
 from gpubox.tools.serve.liveness import ANSWERING, SERVING, Liveness, ProbeFlights, answered, restart_hint
@@ -318,7 +318,7 @@ class EngineManager:
             rec = self.store.set_locked(engine_id, state="stopped")
         if (prep := self._cancels.get(engine_id)) is not None:
             prep.cancel.set()  # a build of the HF copy in progress here ends now
-        if rec.pid is not None and pid_alive(rec.pid, rec.pid_started):
+        if same_process(rec.pid, rec.pid_started):
             _signal_group(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and pid_alive(rec.pid, rec.pid_started):

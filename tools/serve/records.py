@@ -85,12 +85,17 @@ class RecordStore:
 
     def read(self, path: Path) -> EngineRecord | None:
         try:
-            return EngineRecord.model_validate_json(path.read_text(encoding="utf-8"))
+            rec = EngineRecord.model_validate_json(path.read_text(encoding="utf-8"))
         except FileNotFoundError:  # removed meanwhile (a detach, the week-old sweep): nothing to report
             return None
         except (OSError, ValueError) as exc:
             log.warning("engine record %s unreadable (%s); skipped", path, exc)
             return None
+        if rec.id != path.stem or not rec.id.isalnum():
+            # the id names the files gpubox writes and removes: "/tmp/x/victim" had serve_list delete files outside
+            log.warning("engine record %s names another id (%r); skipped", path, rec.id[:80])
+            return None
+        return rec
 
     def load(self) -> dict[str, EngineRecord]:
         found = (self.read(p) for p in sorted(self.root.glob("*.json")))
@@ -106,7 +111,7 @@ class RecordStore:
     def remove(self, rec: EngineRecord) -> None:
         with self.locked():
             self.file(rec.id).unlink(missing_ok=True)
-            if rec.log_path:
+            if rec.log_path and Path(rec.log_path).parent == self.root:  # only a log of ours, in this folder
                 Path(rec.log_path).unlink(missing_ok=True)
 
     def set(self, engine_id: str, **changes: object) -> EngineRecord:

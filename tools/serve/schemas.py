@@ -94,7 +94,10 @@ class EngineStatus(BaseModel):
 
 def without_password(url: str) -> str:
     """`url` with any user:password@ part written as ***@."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a damaged record's "http://[::1": shown without whatever precedes an @, never a crash
+        return "***@" + url.rpartition("@")[2] if "@" in url else url
     if parts.username is None and parts.password is None:
         return url
     return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
