@@ -59,3 +59,11 @@ def test_a_measured_footprint_that_is_not_a_size_is_dropped(tmp_path: Path) -> N
     store = FootprintStore(path)
     assert store.known("a") is None and store.known("c") is None and store.known("d") is None
     assert store.known("b") == {"cuda:0": 2.5}
+
+
+def test_a_folder_in_the_ledger_files_place_is_one_clear_error(tmp_path: Path) -> None:
+    from gpubox.errors import GpuboxError
+
+    (tmp_path / "state" / "box" / "ledger.json").mkdir(parents=True)
+    with pytest.raises(GpuboxError, match=r"ledger\.json cannot be written .*remove whatever is in its place"):
+        ledger(tmp_path).reserve("job x", "finetune", {"host": 1.0}, "finetune_cancel job_id='x'")

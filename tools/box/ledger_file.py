@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpubox.errors import GpuboxError
 from gpubox.filelock import exclusive
 from gpubox.tools.box.capacity import pid_alive, start_time
 from gpubox.tools.box.schemas import Holding
@@ -67,8 +68,15 @@ class LedgerFile:
         ]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # unique per writer
         data = {"holdings": [h.model_dump(mode="json") for h in [*others, *mine]]}
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a folder in its place: every tool reading the ledger failed unexplained
+            tmp.unlink(missing_ok=True)
+            raise GpuboxError(
+                f"the memory ledger {self.path} cannot be written ({exc.strerror or exc}); remove whatever is in its "
+                "place (gpubox makes it again)"
+            ) from None
 
 
 def _adopted(h: Holding, taken_over: set[tuple[str, int | None]]) -> bool:
