@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping
@@ -13,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpubox.errors import BusyError, ConfigError
 from gpubox.tools.estimate import bounds
 from gpubox.tools.estimate.catalog import GpuSpec
 from gpubox.tools.estimate.schemas import DeviceProfile, Measurement
@@ -50,6 +53,8 @@ CREATE INDEX IF NOT EXISTS devices_gpu ON devices (gpu);
 """
 NUMBERS = (*bounds.MEASURED, "decode_efficiency", "mfu", "activation_factor")
 DEVICE_COLUMNS = ["id", "gpu", "memory_bandwidth_gbs", "tflops", "note", "created_at"]
+KINDS = ("inference", "training")
+MISSING = "(missing)"  # shown for a NULL in a text column the schema requires (a hand edit, a table without checks)
 
 COLUMNS = [
     "id",
@@ -77,25 +82,48 @@ class CalibrationStore:
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._logged: set[tuple[str, int]] = set()  # rows already logged as ignored: once each, not per lookup
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        # why the file is no calibration database gpubox can read, and the file's stat then: estimates run on
+        # without it, and it is tried again once the file changes (moved aside, replaced)
+        self.damage: str | None = None
+        self._damaged_stat: tuple[int, int, int] | None = None
+        with contextlib.suppress(ConfigError), self._connect():
+            pass
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         """The store's one connection, opened on first use, used under the lock, committed per block and
         closed in close(). One connection, not one per call: opening a WAL database costs ~1.5 ms, and an
-        'all GPUs' estimate makes a hundred lookups."""
+        'all GPUs' estimate makes a hundred lookups. A damaged file raises ConfigError saying what to do."""
         with self._lock:
-            if self._db is None:
-                db = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
-                try:
-                    db.execute("PRAGMA journal_mode=WAL")
-                except sqlite3.Error:
-                    db.close()
-                    raise
-                self._db = db
-            with self._db:
-                yield self._db
+            if self.damage is not None and _stat(self.path) == self._damaged_stat:
+                raise ConfigError(self.damage)
+            self.damage = None
+            try:
+                if self._db is None:
+                    self._db = _open(self.path)
+                with self._db:
+                    yield self._db
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                    raise BusyError(
+                        f"the calibration database {self.path} is locked by another process; try again"
+                    ) from exc
+                if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                    raise  # a caller's mistake, not the file's
+                raise ConfigError(self._damaged(exc)) from exc
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> str:
+        """Note the file as damaged (logged once per change of the file) and close its connection."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._damaged_stat = _stat(self.path)
+        self.damage = (
+            f"the calibration database {self.path} cannot be read ({exc}); estimates use defaults without "
+            f"measured runs. Move it aside (e.g. rename it to {self.path.name}.bad); gpubox starts a new one"
+        )
+        log.warning("%s", self.damage)
+        return self.damage
 
     def record(self, kind: str, gpu: str, model: str, **fields: Any) -> Measurement:
         cfg = json.dumps(fields.pop("config", {}) or {}, sort_keys=True, default=str)
@@ -113,10 +141,11 @@ class CalibrationStore:
         return self.get(rowid)
 
     def _row(self, row: tuple[Any, ...]) -> Measurement:
-        """A stored row; one out of bounds or broken by a hand edit (text in a number column, bad JSON) is read
-        with `ignored` saying why, so estimates skip it and listings still show it."""
+        """A stored row; one out of bounds or broken by a hand edit (text in a number column, bad JSON, NULL or an
+        unknown kind where the schema wants text) is read with `ignored` saying why, so estimates skip it and
+        listings still show it."""
         d = dict(zip(COLUMNS, row, strict=True))
-        why = bounds.stored_problem(d)
+        why = _fill_text(d, ("gpu", "model", "created_at")) or bounds.stored_problem(d)
         try:
             cfg = json.loads(d["config"] or "{}")
         except (json.JSONDecodeError, TypeError):
@@ -177,7 +206,7 @@ class CalibrationStore:
             raise ValueError(column)
         runs = [
             m
-            for m in self.list(kind=kind, gpu=gpu)
+            for m in self._usable(kind, gpu)
             if self.why_ignored(m, spec) is None
             and getattr(m, column) is not None
             and (method is None or m.method == method)
@@ -189,12 +218,21 @@ class CalibrationStore:
         return runs[0] if runs else None
 
     def ignored(self, kind: str, spec: GpuSpec) -> list[str]:
-        """Why each stored run of `kind` on this device is left out of estimates (out of bounds), in words."""
-        out = []
-        for m in self.list(kind=kind, gpu=spec.id):
+        """Why each stored run of `kind` on this device is left out of estimates (out of bounds), in words; first
+        why all are, when the database cannot be read."""
+        runs = self._usable(kind, spec.id)
+        out = [self.damage] if self.damage else []
+        for m in runs:
             if why := self.why_ignored(m, spec):
                 out.append(f"calibration #{m.id} ({m.kind}, {m.model} on {m.gpu}) is ignored: {why}")
         return out
+
+    def _usable(self, kind: str, gpu: str) -> list[Measurement]:
+        """The runs estimates may draw on: none when the database cannot be read (`damage` says why)."""
+        try:
+            return self.list(kind=kind, gpu=gpu)
+        except ConfigError:
+            return []
 
     def why_ignored(self, m: Measurement, spec: GpuSpec | None) -> str | None:
         """Why estimates leave this row out: out of bounds on its own, or (given the device) against `spec`."""
@@ -229,20 +267,26 @@ class CalibrationStore:
         return found[0]
 
     def devices(self, gpu: str | None = None, limit: int = 200) -> list[DeviceProfile]:
+        """Measured profiles, newest first; none when the database cannot be read (estimates run on; list()
+        and ignored() say why)."""
         sql = f"SELECT {', '.join(DEVICE_COLUMNS)} FROM devices"
         args: list[Any] = []
         if gpu:
             sql += " WHERE gpu = ?"
             args.append(gpu)
         sql += " ORDER BY id DESC LIMIT ?"
-        with self._connect() as db:
-            rows = db.execute(sql, [*args, limit]).fetchall()
+        try:
+            with self._connect() as db:
+                rows = db.execute(sql, [*args, limit]).fetchall()
+        except ConfigError:
+            return []
         return [self._device(row) for row in rows]
 
     def _device(self, row: tuple[Any, ...]) -> DeviceProfile:
         """A stored profile; figures out of bounds or broken by a hand edit set `ignored` (and are left out of
         `tflops`, whose schema allows only numbers)."""
         d = dict(zip(DEVICE_COLUMNS, row, strict=True))
+        text = _fill_text(d, ("gpu", "created_at"))
         try:
             raw = json.loads(d["tflops"] or "{}")
         except (json.JSONDecodeError, TypeError):
@@ -252,7 +296,7 @@ class CalibrationStore:
             found.insert(0, f"tflops is not a JSON object: {str(d['tflops'])[:80]!r}")
         tflops = {str(k): float(v) for k, v in (raw if isinstance(raw, dict) else {}).items() if bounds.is_number(v)}
         bw = d["memory_bandwidth_gbs"]
-        why = found[0] if found else None
+        why = text or (found[0] if found else None)
         if why is not None:
             self._log_ignored("device profile", d["id"], why)
         d.update(
@@ -272,3 +316,46 @@ class CalibrationStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """A connection to the store's file with its tables made (or checked: a table from an older gpubox lacks
+    columns this one reads, which raises here as sqlite's own 'no such column' would on the first lookup)."""
+    db = sqlite3.connect(path, timeout=10, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(SCHEMA)
+        for table, cols in (("measurements", COLUMNS), ("devices", DEVICE_COLUMNS)):
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            if missing := [c for c in cols if c not in have]:
+                raise sqlite3.OperationalError(f"table {table} has no column {', '.join(missing)} (an older layout)")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _fill_text(d: dict[str, Any], required: tuple[str, ...]) -> str | None:
+    """Put text in the columns the schema requires it in (a hand edit, or a table made without the constraints,
+    may hold NULL, a number or an unknown kind there), so the row validates; why the row is ignored, or None."""
+    found = []
+    if "kind" in d and d["kind"] not in KINDS:
+        found.append(f"kind {d['kind']!r} is neither 'inference' nor 'training' (listed as 'inference')")
+        d["kind"] = "inference"
+    for col in required:
+        if d[col] is None:
+            found.append(f"{col} is missing")
+            d[col] = MISSING
+        elif not isinstance(d[col], str):
+            d[col] = str(d[col])
+    if d.get("method") is not None:
+        d["method"] = str(d["method"])
+    return "; ".join(found) or None

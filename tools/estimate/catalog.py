@@ -107,15 +107,36 @@ def _package_json(name: str) -> dict[str, Any]:
 
 
 def _user_json(state_dir: Path | None, name: str) -> dict[str, Any]:
+    """A user catalog file as a JSON object ({} when absent); anything else is refused in one line naming it."""
     if state_dir is None:
         return {}
     path = state_dir / "catalog" / name
-    if not path.is_file():
+    if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); fix or remove it") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read as UTF-8 text ({exc}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f'{path} must be a JSON object like {{"{name[:-5]}": [...]}}, not {_kind(data)}; fix or remove it'
+        )
+    return data
+
+
+def _user_entries(state_dir: Path | None, key: str) -> list[dict[str, Any]]:
+    """The `key` list of a user catalog file, each entry an object (ids are checked by the caller's model)."""
+    entries = _user_json(state_dir, f"{key}.json").get(key, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        path = state_dir / "catalog" / f"{key}.json" if state_dir else key
+        raise ConfigError(f'"{key}" in {path} must be a list of JSON objects; fix or remove it')
+    return entries
+
+
+def _kind(data: object) -> str:
+    return {list: "a list", str: "a string", type(None): "null"}.get(type(data), f"a {type(data).__name__}")
 
 
 def norm(name: str) -> str:
@@ -134,18 +155,24 @@ class Catalog:
         try:
             self.gpus = self._merge(GpuSpec, "gpus", state_dir)
             self.models = self._merge(ModelShape, "models", state_dir)
-            user_prices = _user_json(state_dir, "prices.json").get("prices", [])
+            user_prices = _user_entries(state_dir, "prices")
             self.prices = [Price(**p) for p in _package_json("prices.json")["prices"] + user_prices]
         except ValidationError as exc:
-            raise ConfigError(f"a catalog file in {state_dir}/catalog is malformed: {exc}") from exc
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "entry"
+            raise ConfigError(
+                f"a catalog file in {state_dir}/catalog is malformed: a {exc.title} entry's {where}: {first['msg']} "
+                f"({exc.error_count()} problem(s) in all); fix or remove it"
+            ) from exc
         self._gpu_index = self._index(self.gpus)
         self._model_index = self._index(self.models)
 
     @staticmethod
     def _merge(model_cls: type[Any], key: str, state_dir: Path | None) -> dict[str, Any]:
         out = {e["id"]: model_cls(**e) for e in _package_json(f"{key}.json")[key]}
-        for e in _user_json(state_dir, f"{key}.json").get(key, []):
-            out[e["id"]] = model_cls(**e)
+        for e in _user_entries(state_dir, key):
+            entry = model_cls(**e)  # validated first: an entry without an id is a ValidationError, not a KeyError
+            out[entry.id] = entry
         return out
 
     @staticmethod

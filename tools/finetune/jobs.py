@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpubox.tools.box.capacity import pid_alive, start_time
-from gpubox.tools.finetune.schemas import ACTIVE, JobState
+from gpubox.tools.finetune.schemas import ACTIVE, JobState, ProbeResult
 
 CANCEL_MARK = "cancel-requested"  # finetune_cancel's mark in a job's folder: its SIGTERM is a cancel
 
@@ -201,7 +203,14 @@ def _abandoned(row: dict[str, Any]) -> bool:
     been starting for longer than any start takes (rows from before the columns existed: since their creation)."""
     if row["server_pid"] is not None and not pid_alive(row["server_pid"], row["server_started"]):
         return True
-    return time.time() - (row["starting_since"] or row["created"]) > STARTING_TIMEOUT_S
+    return time.time() - (row["starting_since"] or created_of(row)) > STARTING_TIMEOUT_S
+
+
+def created_of(row: dict[str, Any]) -> float:
+    """The row's creation time, 0 when a hand edit left no number there: sorting by it, or taking the age of a
+    start from it, must not fail every fine-tuning tool for one damaged row."""
+    created = row.get("created")
+    return float(created) if _is_number(created) else 0.0
 
 
 def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -215,16 +224,51 @@ def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def read_metrics(job_dir: Path) -> list[dict[str, Any]]:
+    """The worker's metric records, oldest first. A line that is no record of the worker's shape (half written
+    right now, or damaged by hand) is skipped: readers index its fields and compare them with numbers."""
     path = job_dir / "metrics.jsonl"
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # unreadable (permissions): no metrics, as before the first step
+        return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line being written right now
+        if metric_ok(record):
+            out.append(record)
     return out
+
+
+# metric fields readers do arithmetic on: numbers (or null) and whole numbers; an event is text
+METRIC_NUMBERS = ("t", "epoch", "loss", "eval_loss", "learning_rate", "tokens_per_s", "peak_memory_gb")
+METRIC_INTS = ("step", "per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def metric_ok(record: object) -> bool:
+    """Whether a parsed metrics.jsonl line has the types the worker writes."""
+    if not isinstance(record, dict):
+        return False
+    if any(record.get(k) is not None and not _is_number(record[k]) for k in METRIC_NUMBERS):
+        return False
+    if any(k in record and (not isinstance(record[k], int) or isinstance(record[k], bool)) for k in METRIC_INTS):
+        return False
+    if "event" in record and not isinstance(record["event"], str):
+        return False
+    if "probe" in record:
+        try:
+            ProbeResult.model_validate(record["probe"])
+        except ValidationError:
+            return False
+    return True
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def write_json(path: Path, data: Any) -> None:

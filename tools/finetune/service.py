@@ -8,7 +8,6 @@ and watching it until its measurements are recorded is supervisor.py's.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -25,10 +24,10 @@ from gpubox.tools.box.capacity import pid_alive
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
-from gpubox.tools.finetune.jobs import JobStore, log_tail, read_metrics, starter, write_json
+from gpubox.tools.finetune.jobs import JobStore, created_of, log_tail, read_metrics, starter, write_json
 from gpubox.tools.finetune.schemas import ACTIVE, FinetunePlan, FinetuneRequest, JobList, JobStatus, ResolvedBase
 from gpubox.tools.finetune.snapshot import snapshot
-from gpubox.tools.finetune.status import next_step, read_status
+from gpubox.tools.finetune.status import config_to_restart, next_step, read_status
 from gpubox.tools.finetune.supervisor import CANCEL_MARK, Supervisor
 from gpubox.tools.gpu.nvml import gpu_status
 from gpubox.tools.inference.registry import check_model_folder
@@ -61,7 +60,7 @@ class Finetuner:
         self.queue = admission.JobQueue(self.ledger, self._start_queued, self._fail_queued)
         self._slot_lock = threading.Lock()  # checking "no job runs" and starting one happen as one step
         # a restart re-queues what was waiting (their waiter threads died with it), oldest first
-        for row in sorted(self.store.all(), key=lambda r: r["created"]):
+        for row in sorted(self.store.all(), key=created_of):
             if row["state"] == "queued":
                 try:
                     self._enqueue(row["id"])
@@ -222,8 +221,7 @@ class Finetuner:
                 self.store.transition(job_id, state, "failed", error=why, finished=time.time())
 
     def _enqueue(self, job_id: str) -> None:
-        cfg = json.loads((self.store.job_dir(job_id) / "config.json").read_text(encoding="utf-8"))
-        plan = self.load_plan(cfg["plan_id"])
+        plan = self.load_plan(str(config_to_restart(job_id, self.store.job_dir(job_id)).get("plan_id")))
 
         def ready() -> bool:
             row = self.store.get(job_id)
@@ -297,7 +295,7 @@ class Finetuner:
             st.queue_position = self.queue.position(job_id)
         if include_log or row["state"] == "failed":
             st.log_tail = log_tail(job_dir)
-        st.next_step = next_step(st)
+        st.next_step = st.next_step or next_step(st)  # a damaged job's status carries its own
         return st
 
     def list(self, limit: int | None = None) -> JobList:
@@ -306,7 +304,8 @@ class Finetuner:
 
     def curve(self, job_id: str) -> list[tuple[int, float]]:
         self.row(job_id)
-        return [(m["step"], m["loss"]) for m in read_metrics(self.store.job_dir(job_id)) if "loss" in m]
+        metrics = read_metrics(self.store.job_dir(job_id))
+        return [(m["step"], m["loss"]) for m in metrics if m.get("loss") is not None and "step" in m]
 
     # --- control --------------------------------------------------------------------------------
     def cancel(self, job_id: str, wait_s: float = 60.0) -> JobStatus:
@@ -361,9 +360,8 @@ class Finetuner:
                 "out of line with finetune_cancel; a new launch with queue=true waits behind it"
             )
         job_dir = self.store.job_dir(job_id)
-        cfg = json.loads((job_dir / "config.json").read_text(encoding="utf-8"))
-        cfg.update(resume=True, inject_oom=0)
-        needs = admission.needs_of(self.load_plan(cfg["plan_id"]))
+        cfg = {**config_to_restart(job_id, job_dir), "resume": True, "inject_oom": 0}
+        needs = admission.needs_of(self.load_plan(str(cfg.get("plan_id"))))
         owner = admission.owner(job_id)
         self.ledger.reserve(owner, "finetune", needs, admission.frees(job_id))
         try:
