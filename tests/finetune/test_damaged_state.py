@@ -156,3 +156,28 @@ def test_a_start_left_unfinished_with_a_bad_created_time_is_failed_not_a_crash(b
     row = store.reconcile("bad")
     assert row is not None and row["state"] == "failed" and "never started" in row["error"]
     assert listed(box["mcp"])["good"]["state"] == "failed"
+
+
+def test_a_cancel_signals_no_process_it_cannot_tell_is_the_job(tmp_path: Path) -> None:
+    """A job row whose pid now belongs to an unrelated process (no start time to tell): finetune_cancel sent that
+    process's group SIGTERM."""
+    import subprocess
+    import sys
+
+    from gpubox.settings import Settings
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True
+    )
+    mcp = build_server(Settings.load(state_dir=tmp_path / "s", allowed_roots=[tmp_path]))
+    try:
+        ft = finetuner(state_of(mcp))
+        ft.store.create("feed0001", "someone-else", "smollm2-135m-instruct", "lora", state="running")
+        ft.store.update("feed0001", pid=other.pid, pid_started=None)
+        ft.store.job_dir("feed0001").mkdir(parents=True)
+        ft.cancel("feed0001", wait_s=0.5)
+        assert other.poll() is None  # still running: it was never ours
+    finally:
+        state_of(mcp).close()
+        other.kill()
+        other.communicate()

@@ -20,7 +20,7 @@ from typing import Any
 from gpubox.errors import BusyError, InvalidInputError, NotFoundError
 from gpubox.filelock import exclusive
 from gpubox.settings import Settings
-from gpubox.tools.box.capacity import pid_alive
+from gpubox.tools.box.capacity import pid_alive, same_process
 from gpubox.tools.box.ledger import Ledger
 from gpubox.tools.estimate.service import Estimator
 from gpubox.tools.finetune import admission, data, launcher, plan_warnings, planner, targets
@@ -331,8 +331,9 @@ class Finetuner:
             raise BusyError(f"job {job_id} is being started; cancel it again in a few seconds")
         # the mark tells every rank this SIGTERM is a cancel, not the launcher stopping them after a rank failed
         (self.store.job_dir(job_id) / CANCEL_MARK).touch()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+        if same_process(pid, row["pid_started"]):  # a reused pid without a start time is not ours to signal
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and pid_alive(pid, row["pid_started"]):
             time.sleep(0.5)
