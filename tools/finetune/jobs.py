@@ -210,7 +210,7 @@ def created_of(row: dict[str, Any]) -> float:
     """The row's creation time, 0 when a hand edit left no number there: sorting by it, or taking the age of a
     start from it, must not fail every fine-tuning tool for one damaged row."""
     created = row.get("created")
-    return float(created) if _is_number(created) else 0.0
+    return float(created) if isinstance(created, int | float) and _is_number(created) else 0.0
 
 
 def log_tail(job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:

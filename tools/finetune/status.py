@@ -62,8 +62,9 @@ def row_problem(row: dict[str, Any]) -> str | None:
 
 def read_status(job_id: str, row: dict[str, Any], job_dir: Path) -> JobStatus:
     """The job's status; one whose row or config.json is damaged gets a status that says so and what to do."""
+    why = row_problem(row)
+    cfg: dict[str, Any] = {}
     try:
-        why = row_problem(row)
         cfg = read_config(job_dir)
     except InvalidInputError as exc:
         why = why or str(exc)
@@ -103,9 +104,15 @@ def damaged_status(job_id: str, row: dict[str, Any], job_dir: Path, why: str) ->
     else:
         fix = f"it cannot be resumed; delete its folder {job_dir} and its row in {job_dir.parent.parent}/jobs.sqlite"
     earlier = f" (its error before: {row['error']})" if row["error"] else ""
-    text = {k: row[k] if isinstance(row[k], str) else "(unknown)" for k in ("adapter_name", "base_model", "method")}
+
+    def text(key: str) -> str:
+        return row[key] if isinstance(row[key], str) else "(unknown)"
+
     error = f"{DAMAGED}: {why}; {fix}{earlier}"
-    return JobStatus(job_id=job_id, state=state, created=created_of(row), error=error, next_step=fix, **text)
+    return JobStatus(
+        job_id=job_id, state=state, created=created_of(row), error=error, next_step=fix,
+        adapter_name=text("adapter_name"), base_model=text("base_model"), method=text("method"),
+    )  # fmt: skip
 
 
 def _whole(value: object) -> bool:

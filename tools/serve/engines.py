@@ -318,7 +318,7 @@ class EngineManager:
             rec = self.store.set_locked(engine_id, state="stopped")
         if (prep := self._cancels.get(engine_id)) is not None:
             prep.cancel.set()  # a build of the HF copy in progress here ends now
-        if same_process(rec.pid, rec.pid_started):
+        if rec.pid is not None and same_process(rec.pid, rec.pid_started):
             _signal_group(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and pid_alive(rec.pid, rec.pid_started):
