@@ -107,7 +107,7 @@ async def test_a_worker_over_its_time_limit_is_killed_and_reported(bench_client:
 
 
 async def test_bad_shapes_are_refused_with_a_clear_message(bench_client: Client) -> None:
-    assert "empty list" in await call_err(bench_client, "bench_attention", head_dim=[], device="cpu")
+    assert "at least 1 item" in await call_err(bench_client, "bench_attention", head_dim=[], device="cpu")
     assert "greater than or equal to 1" in await call_err(bench_client, "bench_attention", head_dim=0, device="cpu")
 
 

@@ -30,7 +30,9 @@ def test_the_probe_resizes_the_reservation_with_what_the_job_holds_beside_its_al
     store = JobStore(tmp_path / "ft")
     job_dir = store.job_dir("j1")
     job_dir.mkdir(parents=True)
-    (job_dir / "metrics.jsonl").write_text(json.dumps({"probe": {"peak_memory_gb": 2.0}}) + "\n")
+    probe = {"steps": 2, "per_device_train_batch_size": 4, "tokens_per_s": 100.0, "peak_memory_gb": 2.0,
+             "memory_kind": "cpu_rss", "seconds": 3.0}  # fmt: skip
+    (job_dir / "metrics.jsonl").write_text(json.dumps({"probe": probe}) + "\n")  # as the worker writes it
     ledger.reserve(admission.owner("j1"), "finetune", {device: 10.0}, "finetune_cancel job_id='j1'")
     status: Any = lambda _job: type("S", (), {"num_processes": 1})()  # noqa: E731
     assert Supervisor(store, ledger, None, status)._resize_from_probe("j1")
