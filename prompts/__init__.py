@@ -10,6 +10,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, PromptArgument
 from pydantic import ValidationError
 
+from gpubox.errors import cut
 from gpubox.prompts import bench, finetune, gpu, search
 
 R = TypeVar("R")
@@ -31,8 +32,7 @@ async def checked_get(
     error naming the argument and what it expects."""
     listed = {p.name: p for p in await mcp.list_prompts()}
     if name not in listed:
-        shown = name if len(name) <= 64 else name[:64] + "..."  # a 1 MB name came back whole
-        raise _invalid(f"unknown prompt '{shown}'. Prompts: {', '.join(sorted(listed))}")
+        raise _invalid(f"unknown prompt '{cut(name)}'. Prompts: {', '.join(sorted(listed))}")
     expected = {a.name: a for a in listed[name].arguments or []}
     given = dict(arguments or {})
     if unknown := sorted(set(given) - set(expected)):
@@ -56,7 +56,7 @@ def _invalid(message: str) -> MCPError:
 
 
 def _names(names: list[str]) -> str:
-    shown = [n if len(n) <= 64 else n[:64] + "..." for n in names[:10]] + (["..."] if len(names) > 10 else [])
+    shown = [cut(n) for n in names[:10]] + (["..."] if len(names) > 10 else [])
     return ("argument " if len(names) == 1 else "arguments ") + ", ".join(f"'{n}'" for n in shown)
 
 

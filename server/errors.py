@@ -23,6 +23,11 @@ import difflib
 from collections.abc import Iterable
 
 
+def cut(text: str, limit: int = 64) -> str:
+    """A name a client sent, as an error message shows it: a 5 MB name came back whole."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class GpuboxError(Exception):
     """Base class: a deliberate, user-facing error whose message names the fix."""
 
@@ -35,7 +40,7 @@ class UnknownNameError(InvalidInputError):
     """A name is not known. The message lists the closest valid names."""
 
     def __init__(self, kind: str, name: str, valid: Iterable[str], hint: str = "") -> None:
-        name = name if len(name) <= 64 else name[:64] + "..."  # a 5 MB name came back whole (and was matched)
+        name = cut(name)  # matched too: difflib on megabytes is slow
         choices = sorted(set(valid))
         close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)  # 0.4 offered 'nodes' for 'bogus'
         lowered = [c for c in choices if name.lower() in c.lower() and c not in close]

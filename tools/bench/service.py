@@ -39,6 +39,11 @@ log = logging.getLogger("gpubox.bench")
 DAMAGE = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 
+def n_shapes(params: dict[str, Any]) -> int:
+    """(seq_len, head_dim) shapes an attention run times: one each when the worker picks the defaults."""
+    return len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
+
+
 def active_finetune_jobs(settings: Settings) -> list[str]:
     """Fine-tune jobs holding the GPU: the finetune family's job store in <state_dir>/finetune, when present."""
     root = settings.state_dir / "finetune"
@@ -180,7 +185,7 @@ class BenchService:
         key = footprint.key(task, params, needs)
         owner = await self._admit(task, needs, queue, progress, key)
         done = 0
-        shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
+        shapes = n_shapes(params)
 
         async def on_event(event: dict[str, Any]) -> None:
             nonlocal done
@@ -222,8 +227,7 @@ class BenchService:
     ) -> tuple[AttentionBench, list[plots.Plot]]:
         # one row or skip per backend and shape; without backends the worker runs all of them. Without head_dims
         # the default sweep depends on the device the worker finds, so there is no total
-        n_shapes = len(params.get("seq_lens") or [1]) * len(params.get("head_dims") or [1])
-        total = float(n_shapes * len(params.get("backends") or BACKENDS)) if params.get("head_dims") else None
+        total = float(n_shapes(params) * len(params.get("backends") or BACKENDS)) if params.get("head_dims") else None
         outcome = await self._run("attention", params, time_limit_s, progress, total, queue)
         run_id = self.runs.new_id("attention")
         result, figs = await anyio.to_thread.run_sync(lambda: self._attention_result(run_id, params, baseline, outcome))
